@@ -1,0 +1,3 @@
+//! POST /v1/completions: parse, plan, forward.
+
+pub mod request;

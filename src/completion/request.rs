@@ -1,0 +1,1 @@
+//! Strict parsing of the /v1/completions request body.

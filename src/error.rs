@@ -1,0 +1,176 @@
+//! The one public error type. Every error any route returns is an [`ApiError`]; its
+//! `IntoResponse` sets the status and headers and attaches an [`ErrorBody`] extension,
+//! and the `envelope` middleware (which owns the request id) renders the OpenAI-shaped
+//! body `{"error":{…},"request_id":…}`. No handler builds error JSON by hand.
+
+use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+/// `X-Should-Retry`: tells openai-python not to retry what a retry cannot fix.
+pub const X_SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
+/// `X-Acs-Upstream-Error-Kind`: mirrors `error.code` on upstream-caused errors.
+pub const X_UPSTREAM_ERROR_KIND: HeaderName = HeaderName::from_static("x-acs-upstream-error-kind");
+
+/// Seconds a client should wait before retrying a retryable upstream failure.
+const UPSTREAM_RETRY_AFTER_SECS: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// A request that breaks a rule of the contract; `param` names the field when one is at fault.
+    #[error("{message}")]
+    InvalidRequest {
+        message: String,
+        param: Option<&'static str>,
+    },
+    #[error("The model '{0}' does not exist. GET /v1/models lists the available ids.")]
+    ModelNotFound(String),
+    #[error(
+        "POST /v1/chat/completions is not supported: these are base models with no chat template. Use POST /v1/completions (client.completions.create in the OpenAI SDK)."
+    )]
+    ChatCompletionsUnsupported,
+    #[error(
+        "prompt_logprobs=-1 (full vocabulary) allows prompts of at most {limit} tokens; this prompt has {tokens}. Use a fixed top-k instead."
+    )]
+    FullVocabPromptTooLong { tokens: u64, limit: u64 },
+    #[error("{0}")]
+    Unauthorized(&'static str),
+    #[error("No route for {method} {path}.")]
+    NotFound { method: String, path: String },
+    #[error("Method {method} is not allowed on {path}.")]
+    MethodNotAllowed { method: String, path: String },
+    #[error("The request body is larger than the limit of {limit} bytes.")]
+    PayloadTooLarge { limit: usize },
+    /// The upstream answered with an error status; its own message is passed on.
+    #[error("{message}")]
+    UpstreamRejected {
+        status: StatusCode,
+        kind: &'static str,
+        message: String,
+    },
+    /// No upstream could be reached (refused, reset, DNS, no healthy node).
+    #[error("{0}")]
+    UpstreamUnavailable(String),
+    /// Something on our side failed; the details go to the log, not to the client.
+    #[error("internal error")]
+    Internal(#[source] anyhow::Error),
+}
+
+/// The `error` object of the envelope, carried from `into_response` to the envelope
+/// middleware as a response extension.
+#[derive(Debug, Clone)]
+pub struct ErrorBody {
+    pub code: &'static str,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<&'static str>,
+}
+
+impl ApiError {
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::InvalidRequest {
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    pub fn invalid_param(param: &'static str, message: impl Into<String>) -> Self {
+        Self::InvalidRequest {
+            message: message.into(),
+            param: Some(param),
+        }
+    }
+
+    pub fn internal(err: impl Into<anyhow::Error>) -> Self {
+        Self::Internal(err.into())
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::InvalidRequest { .. }
+            | Self::ModelNotFound(_)
+            | Self::ChatCompletionsUnsupported
+            | Self::FullVocabPromptTooLong { .. } => StatusCode::BAD_REQUEST,
+            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::NotFound { .. } => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UpstreamRejected { status, .. } => *status,
+            Self::UpstreamUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The machine-readable `error.code`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::InvalidRequest { .. } => "invalid_request",
+            Self::ModelNotFound(_) => "model_not_found",
+            Self::ChatCompletionsUnsupported => "chat_completions_unsupported",
+            Self::FullVocabPromptTooLong { .. } => "full_vocab_prompt_too_long",
+            Self::Unauthorized(_) => "invalid_api_key",
+            Self::NotFound { .. } => "not_found",
+            Self::MethodNotAllowed { .. } => "method_not_allowed",
+            Self::PayloadTooLarge { .. } => "request_too_large",
+            Self::UpstreamRejected { kind, .. } => kind,
+            Self::UpstreamUnavailable(_) => "upstream_unavailable",
+            Self::Internal(_) => "internal_error",
+        }
+    }
+
+    /// The OpenAI-style `error.type`.
+    fn kind(&self) -> &'static str {
+        match self.status() {
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+            s if s.is_server_error() => "server_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    fn body(&self) -> ErrorBody {
+        let param = match self {
+            Self::InvalidRequest { param, .. } => *param,
+            Self::ModelNotFound(_) => Some("model"),
+            Self::FullVocabPromptTooLong { .. } => Some("prompt_logprobs"),
+            _ => None,
+        };
+        ErrorBody {
+            code: self.code(),
+            message: self.to_string(),
+            kind: self.kind(),
+            param,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if let Self::Internal(err) = &self {
+            // Logged once, here at the edge; the client sees only the request id.
+            tracing::error!(error = %format!("{err:#}"), "internal error");
+        }
+        let mut response = self.status().into_response();
+        let headers = response.headers_mut();
+        match &self {
+            Self::PayloadTooLarge { .. } => {
+                headers.insert(X_SHOULD_RETRY, HeaderValue::from_static("false"));
+            }
+            Self::UpstreamRejected { kind, status, .. } => {
+                headers.insert(X_UPSTREAM_ERROR_KIND, HeaderValue::from_static(kind));
+                if status.is_server_error() {
+                    headers.insert(http::header::RETRY_AFTER, UPSTREAM_RETRY_AFTER_SECS.into());
+                }
+            }
+            Self::UpstreamUnavailable(_) => {
+                headers.insert(
+                    X_UPSTREAM_ERROR_KIND,
+                    HeaderValue::from_static("upstream_unavailable"),
+                );
+                headers.insert(http::header::RETRY_AFTER, UPSTREAM_RETRY_AFTER_SECS.into());
+            }
+            _ => {}
+        }
+        response.extensions_mut().insert(self.body());
+        response
+    }
+}

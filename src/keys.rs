@@ -1,0 +1,1 @@
+//! API keys: generation, hashing and verification.

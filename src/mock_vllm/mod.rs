@@ -1,0 +1,1 @@
+//! A simulated vLLM server (see `../shared/vllm-protocol.md`), for tests and the demo.

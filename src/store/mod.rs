@@ -1,0 +1,1 @@
+//! Durable state behind one trait: SQLite (embedded default) and PostgreSQL.
