@@ -1,7 +1,18 @@
 //! fleetgate: a strict, metering HTTP gateway in front of a fleet of vLLM servers.
 
+pub mod app;
+pub mod cli;
 pub mod completion;
+pub mod config;
+pub mod demo;
 pub mod error;
+pub mod fleet;
+pub mod health;
+pub mod http;
 pub mod keys;
 pub mod mock_vllm;
+pub mod models;
+pub mod openapi;
+pub mod server;
 pub mod store;
+pub mod upstream;

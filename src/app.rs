@@ -1,0 +1,135 @@
+//! Application state and the router that `main` and the tests both build.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::middleware;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::compression::CompressionLayer;
+use tower_http::trace::TraceLayer;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use utoipa_swagger_ui::SwaggerUi;
+
+use crate::config::Config;
+use crate::error::ApiError;
+use crate::fleet::Fleet;
+use crate::http::{auth, envelope, fallback};
+use crate::openapi::ApiDoc;
+use crate::store::Store;
+use crate::upstream::UpstreamClient;
+use crate::{completion, health, models};
+
+#[derive(Clone)]
+pub struct AppState(Arc<Inner>);
+
+struct Inner {
+    config: Config,
+    /// Keys (and later usage): SQLite or PostgreSQL.
+    store: Arc<dyn Store>,
+    /// Models and their upstreams.
+    fleet: Fleet,
+    /// The pooled HTTP client for all upstreams.
+    upstream: UpstreamClient,
+}
+
+impl AppState {
+    pub fn new(config: Config, store: Arc<dyn Store>) -> anyhow::Result<Self> {
+        let upstream = UpstreamClient::new(&config.upstream)?;
+        let fleet = Fleet::new(&config);
+        Ok(Self(Arc::new(Inner {
+            config,
+            store,
+            fleet,
+            upstream,
+        })))
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.0.config
+    }
+    pub fn store(&self) -> &dyn Store {
+        self.0.store.as_ref()
+    }
+    pub fn fleet(&self) -> &Fleet {
+        &self.0.fleet
+    }
+    pub fn upstream(&self) -> &UpstreamClient {
+        &self.0.upstream
+    }
+
+    /// Learns what every upstream serves, so the first requests need not wait for it.
+    /// Failures are logged and retried lazily by the request path.
+    pub async fn discover_upstreams(&self) {
+        let all = self.fleet().upstreams().map(|upstream| async move {
+            if let Err(err) = self.upstream().discover(upstream).await {
+                tracing::warn!(upstream = %upstream.url, error = %err, "upstream not ready yet");
+            }
+        });
+        futures_util::future::join_all(all).await;
+    }
+}
+
+/// The key-protected `/v1` routes.
+fn v1_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(completion::create_completion))
+        .routes(routes!(completion::chat::chat_completions))
+        .routes(routes!(models::list_models))
+}
+
+/// Every documented route, for the OpenAPI document.
+pub fn api_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(v1_routes())
+        .routes(routes!(health::health))
+}
+
+pub fn build_router(state: AppState) -> Router {
+    let (v1, _) = v1_routes()
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_key))
+        .split_for_parts();
+    let (open, _) = OpenApiRouter::new()
+        .routes(routes!(health::health))
+        .split_for_parts();
+    let swagger = SwaggerUi::new("/swagger").url("/openapi.json", crate::openapi::document());
+
+    // Layers run outside-in for requests, inside-out for responses:
+    // - compression is outermost so it compresses the final body, error envelopes
+    //   included (it leaves text/event-stream alone);
+    // - the envelope sets the request id before tracing opens its span, and renders
+    //   every error response produced beneath it, panics included;
+    // - catch-panic turns a panic into a 500 that the envelope then renders.
+    Router::new()
+        .merge(v1)
+        .merge(open)
+        .merge(swagger)
+        .fallback(fallback::not_found)
+        .method_not_allowed_fallback(fallback::method_not_allowed)
+        .layer(CatchPanicLayer::custom(|_: Box<dyn std::any::Any + Send>| {
+            axum::response::IntoResponse::into_response(ApiError::internal(anyhow::anyhow!(
+                "handler panicked"
+            )))
+        }))
+        .layer(TraceLayer::new_for_http().make_span_with(trace_span))
+        .layer(middleware::from_fn(envelope::envelope))
+        .layer(CompressionLayer::new())
+        .with_state(state)
+}
+
+/// The span of one request: method, path and request id; never headers or bodies.
+fn trace_span(request: &axum::http::Request<axum::body::Body>) -> tracing::Span {
+    let request_id = request
+        .extensions()
+        .get::<envelope::RequestId>()
+        .map(|id| id.0.as_str())
+        .unwrap_or("");
+    tracing::info_span!(
+        "request",
+        method = %request.method(),
+        path = %request.uri().path(),
+        request_id,
+        key_prefix = tracing::field::Empty,
+    )
+}

@@ -1,0 +1,16 @@
+//! `POST /v1/chat/completions` exists only to say clearly that it is not supported.
+
+use crate::error::ApiError;
+
+#[utoipa::path(
+    post,
+    path = "/v1/chat/completions",
+    tag = "completions",
+    responses(
+        (status = 400, description = "Always `chat_completions_unsupported`: these are base models with no chat template; use `POST /v1/completions`.", body = crate::openapi::ErrorEnvelopeDoc),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn chat_completions() -> ApiError {
+    ApiError::ChatCompletionsUnsupported
+}

@@ -1,0 +1,201 @@
+//! Configuration: built-in defaults, then one TOML file, then `FLEETGATE_*` environment
+//! variables (nested keys joined with `__`, e.g. `FLEETGATE_UPSTREAM__CONNECT_TIMEOUT_MS`).
+//! Unknown keys anywhere are a start-up error that names them; `validate` checks the
+//! cross-field rules after loading.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::Path;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use serde::Deserialize;
+
+/// Environment variables that are read elsewhere and are not configuration keys.
+const ENV_NOT_CONFIG: &[&str] = &["config"];
+
+/// The largest `logprobs` the contract allows at all; a model's cap may be lower.
+pub const LOGPROBS_LIMIT: u32 = 100;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Address the gateway listens on.
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// `sqlite://path/file.db` (created if missing) or `postgres://user@host/db`.
+    #[serde(default = "default_database_url")]
+    pub database_url: String,
+    /// Largest accepted request body; larger ones get 413.
+    #[serde(default = "default_max_body_bytes")]
+    pub max_body_bytes: usize,
+    /// Log format: `text` for people, `json` for machines.
+    #[serde(default)]
+    pub log_format: LogFormat,
+    #[serde(default)]
+    pub upstream: UpstreamSettings,
+    pub models: Vec<ModelConfig>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// How fleetgate talks to the vLLM servers.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamSettings {
+    /// Time allowed to open a TCP connection to an upstream.
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// Pooled connections idle longer than this are closed. vLLM (uvicorn) closes idle
+    /// keep-alive connections after 5 s; staying below avoids reusing a connection the
+    /// server is closing (a reset on the next request).
+    #[serde(default = "default_pool_idle_timeout_ms")]
+    pub pool_idle_timeout_ms: u64,
+}
+
+impl Default for UpstreamSettings {
+    fn default() -> Self {
+        Self {
+            connect_timeout_ms: default_connect_timeout_ms(),
+            pool_idle_timeout_ms: default_pool_idle_timeout_ms(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The short id clients send, e.g. `llama-8b`.
+    pub id: String,
+    /// Requests without `model` go to the default model; exactly one model is the default.
+    #[serde(default)]
+    pub default: bool,
+    /// Largest `logprobs` accepted for this model (published as `capabilities.max_logprobs`).
+    /// Keep it at or below the server's `--max-logprobs`.
+    #[serde(default = "default_max_logprobs")]
+    pub max_logprobs: u32,
+    pub upstreams: Vec<UpstreamConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// Base URL of a vLLM server, e.g. `http://10.0.0.5:8000`.
+    pub url: String,
+    /// Label returned in `X-Acs-Upstream-Gpu`.
+    pub gpu: String,
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8080))
+}
+fn default_database_url() -> String {
+    "sqlite://data/fleetgate.db".to_owned()
+}
+fn default_max_body_bytes() -> usize {
+    32 * 1024 * 1024
+}
+fn default_connect_timeout_ms() -> u64 {
+    2_000
+}
+fn default_pool_idle_timeout_ms() -> u64 {
+    3_000
+}
+fn default_max_logprobs() -> u32 {
+    20
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration: {0}")]
+    Load(#[from] Box<figment::Error>),
+    #[error("configuration: {0}")]
+    Invalid(String),
+}
+
+impl Config {
+    /// Loads `path` (TOML) with `FLEETGATE_*` overrides, then validates.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        if !path.exists() {
+            return Err(ConfigError::Invalid(format!(
+                "config file {} does not exist",
+                path.display()
+            )));
+        }
+        Self::from_figment(Figment::new().merge(Toml::file_exact(path)))
+    }
+
+    /// Parses a TOML document with `FLEETGATE_*` overrides, then validates.
+    pub fn from_toml(toml: &str) -> Result<Self, ConfigError> {
+        Self::from_figment(Figment::new().merge(Toml::string(toml)))
+    }
+
+    fn from_figment(figment: Figment) -> Result<Self, ConfigError> {
+        let env = Env::prefixed("FLEETGATE_")
+            .split("__")
+            .filter(|key| !ENV_NOT_CONFIG.iter().any(|k| key.as_str() == *k));
+        let config: Config = figment.merge(env).extract().map_err(Box::new)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |msg: String| Err(ConfigError::Invalid(msg));
+        if self.models.is_empty() {
+            return invalid("at least one [[models]] entry is required".into());
+        }
+        if self.max_body_bytes == 0 {
+            return invalid("max_body_bytes must be at least 1".into());
+        }
+        let mut ids = HashSet::new();
+        for model in &self.models {
+            if model.id.is_empty() {
+                return invalid("models.id must not be empty".into());
+            }
+            if !ids.insert(model.id.as_str()) {
+                return invalid(format!("models.id '{}' appears twice", model.id));
+            }
+            if model.max_logprobs > LOGPROBS_LIMIT {
+                return invalid(format!(
+                    "models.max_logprobs of '{}' must be at most {LOGPROBS_LIMIT} (got {})",
+                    model.id, model.max_logprobs
+                ));
+            }
+            if model.upstreams.is_empty() {
+                return invalid(format!(
+                    "model '{}' needs at least one [[models.upstreams]] entry",
+                    model.id
+                ));
+            }
+            for upstream in &model.upstreams {
+                let ok = reqwest::Url::parse(&upstream.url)
+                    .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.has_host());
+                if !ok {
+                    return invalid(format!(
+                        "models.upstreams.url of '{}' must be an http(s) URL (got '{}')",
+                        model.id, upstream.url
+                    ));
+                }
+            }
+        }
+        let defaults = self.models.iter().filter(|m| m.default).count();
+        // A single model is the default whether or not it says so.
+        if defaults != 1 && !(defaults == 0 && self.models.len() == 1) {
+            return invalid(format!(
+                "exactly one model must have default = true (found {defaults})"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Index of the default model (validated to exist).
+    pub fn default_model_index(&self) -> usize {
+        self.models.iter().position(|m| m.default).unwrap_or(0)
+    }
+}

@@ -1,0 +1,65 @@
+//! Bearer-key authentication for the `/v1` routes. The key is looked up by its visible
+//! prefix and its hash compared in constant time. Keys are read from the store on every
+//! request, so a revocation (from the CLI or another replica) takes effect at once.
+
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::Response;
+
+use crate::app::AppState;
+use crate::error::ApiError;
+use crate::keys;
+
+/// The authenticated caller, available to handlers as an extension.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub key_id: i64,
+    pub key_prefix: String,
+}
+
+pub async fn require_key(
+    State(state): State<AppState>,
+    mut request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let caller = authenticate(&state, request.headers()).await?;
+    tracing::Span::current().record("key_prefix", caller.key_prefix.as_str());
+    request.extensions_mut().insert(caller);
+    Ok(next.run(request).await)
+}
+
+async fn authenticate(state: &AppState, headers: &http::HeaderMap) -> Result<Caller, ApiError> {
+    let value = headers.get(header::AUTHORIZATION).ok_or(ApiError::Unauthorized(
+        "Missing Authorization header. Send 'Authorization: Bearer <your key>'.",
+    ))?;
+    let secret = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .ok_or(ApiError::Unauthorized(
+            "The Authorization header must be 'Bearer <your key>'.",
+        ))?;
+    let invalid = ApiError::Unauthorized("Invalid API key.");
+    let Some((prefix, hash)) = keys::parse_bearer(secret) else {
+        return Err(invalid);
+    };
+    let record = state
+        .store()
+        .key_by_prefix(prefix)
+        .await
+        .map_err(ApiError::internal)?;
+    match record {
+        Some(record) if keys::verify(&record.hash, &hash) => {
+            if !record.is_active() {
+                return Err(ApiError::Unauthorized("This API key has been revoked."));
+            }
+            Ok(Caller {
+                key_id: record.id,
+                key_prefix: record.prefix,
+            })
+        }
+        _ => Err(invalid),
+    }
+}

@@ -1,0 +1,116 @@
+//! The outermost middleware: gives every request an id, puts it in `X-Request-Id` on
+//! every response, and renders every error as the OpenAI envelope carrying the same id.
+//!
+//! Errors raised by our code arrive as an [`ErrorBody`] extension (see `error.rs`). An
+//! error status without one was produced by the framework itself (a rejected extractor,
+//! a panic caught below us); it is re-rendered here so no bare framework body escapes.
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{HeaderName, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::Response;
+use serde::Serialize;
+
+use crate::error::ErrorBody;
+
+pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Framework error bodies are short texts; read at most this much of one.
+const FRAMEWORK_BODY_LIMIT: usize = 4 * 1024;
+
+/// The id of the request being served, available to handlers as an extension.
+#[derive(Debug, Clone)]
+pub struct RequestId(pub String);
+
+impl RequestId {
+    fn new() -> Self {
+        Self(format!("req_{}", uuid::Uuid::new_v4().simple()))
+    }
+}
+
+#[derive(Serialize)]
+struct Envelope<'a> {
+    error: EnvelopeError<'a>,
+    request_id: &'a str,
+}
+
+#[derive(Serialize)]
+struct EnvelopeError<'a> {
+    code: &'a str,
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    param: Option<&'a str>,
+}
+
+pub async fn envelope(mut request: Request, next: Next) -> Response {
+    let id = RequestId::new();
+    request.extensions_mut().insert(id.clone());
+    let mut response = next.run(request).await;
+
+    let error = match response.extensions_mut().remove::<ErrorBody>() {
+        Some(error) => Some(error),
+        None if is_error(response.status()) => Some(framework_error(&mut response).await),
+        None => None,
+    };
+    if let Some(error) = error {
+        render(&mut response, &error, &id.0);
+    }
+    if let Ok(value) = HeaderValue::from_str(&id.0) {
+        response.headers_mut().insert(X_REQUEST_ID, value);
+    }
+    response
+}
+
+fn is_error(status: StatusCode) -> bool {
+    status.is_client_error() || status.is_server_error()
+}
+
+fn render(response: &mut Response, error: &ErrorBody, request_id: &str) {
+    let envelope = Envelope {
+        error: EnvelopeError {
+            code: error.code,
+            message: &error.message,
+            kind: error.kind,
+            param: error.param,
+        },
+        request_id,
+    };
+    let body = serde_json::to_vec(&envelope).unwrap_or_default();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.remove(header::CONTENT_LENGTH);
+    *response.body_mut() = Body::from(body);
+}
+
+/// An envelope for an error response the framework produced, keeping its text as the
+/// message (e.g. an extractor's explanation).
+async fn framework_error(response: &mut Response) -> ErrorBody {
+    let status = response.status();
+    let body = std::mem::take(response.body_mut());
+    let text = axum::body::to_bytes(body, FRAMEWORK_BODY_LIMIT)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let (code, kind) = match status {
+        StatusCode::NOT_FOUND => ("not_found", "invalid_request_error"),
+        StatusCode::METHOD_NOT_ALLOWED => ("method_not_allowed", "invalid_request_error"),
+        StatusCode::PAYLOAD_TOO_LARGE => ("request_too_large", "invalid_request_error"),
+        StatusCode::UNAUTHORIZED => ("invalid_api_key", "authentication_error"),
+        s if s.is_server_error() => ("internal_error", "server_error"),
+        _ => ("invalid_request", "invalid_request_error"),
+    };
+    let message = if text.is_empty() || status.is_server_error() {
+        status.canonical_reason().unwrap_or("error").to_owned()
+    } else {
+        text
+    };
+    ErrorBody {
+        code,
+        message,
+        kind,
+        param: None,
+    }
+}

@@ -1,0 +1,171 @@
+//! The OpenAPI document of the public surface (`/v1/*` and `/health`), generated from
+//! the route annotations and the documentation schemas below. The request parser in
+//! `completion::request` is the authority on the rules; a test walks this document's
+//! bounds against the parser so the two cannot drift apart.
+
+#![expect(dead_code, reason = "documentation-only types: read by utoipa, never constructed")]
+
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi, ToSchema};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "fleetgate",
+        description = "OpenAI-compatible `POST /v1/completions` for raw next-token generation against base models served by vLLM. Requests are validated strictly (unknown fields, out-of-range values and wrong types are 400); responses pass through verbatim from vLLM. Every error is `{\"error\":{\"code\",\"message\",\"type\"},\"request_id\"}`; every response carries `X-Request-Id`."
+    ),
+    modifiers(&BearerAuth),
+    tags(
+        (name = "completions", description = "Text completions against base models."),
+        (name = "models", description = "The models this deployment serves."),
+        (name = "ops", description = "Health."),
+    )
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The document as served at `/openapi.json` and checked in at `openapi/openapi.json`.
+pub fn document() -> utoipa::openapi::OpenApi {
+    crate::app::api_routes().split_for_parts().1
+}
+
+/// Request body of `POST /v1/completions`. Fields not listed here are rejected
+/// (`Unknown field '…'`); numbers never accept booleans or strings; integer fields
+/// accept only integers; `null` means "not given".
+#[derive(ToSchema)]
+#[schema(as = CompletionRequest, additional_properties = false)]
+pub struct CompletionRequestDoc {
+    /// Short model id from `GET /v1/models` (e.g. `llama-8b`). Omitted: the default model. Unknown: 400 `model_not_found`.
+    model: Option<String>,
+    prompt: PromptDoc,
+    /// Tokens to generate per completion. Required for batches and `n > 1`; for a single prompt with `n = 1` it defaults to `min(32000, max_model_len - prompt_tokens)`. `prompt_count × n × max_tokens` must not exceed 32000. 0 is not supported.
+    #[schema(minimum = 1, maximum = 1000000)]
+    max_tokens: Option<u32>,
+    /// Completions per prompt.
+    #[schema(minimum = 1, maximum = 16, default = 1)]
+    n: Option<u32>,
+    stop: Option<StopDoc>,
+    /// Sampling temperature; 0 is greedy.
+    #[schema(minimum = 0, maximum = 100, default = 1.0)]
+    temperature: Option<f64>,
+    /// Nucleus sampling threshold, strictly positive.
+    #[schema(exclusive_minimum = 0, maximum = 1, default = 1.0)]
+    top_p: Option<f64>,
+    /// Keep only the top-k tokens; -1 disables. 0 is rejected.
+    #[schema(minimum = -1, default = -1)]
+    top_k: Option<i64>,
+    /// Minimum probability relative to the top token.
+    #[schema(minimum = 0, maximum = 1, default = 0.0)]
+    min_p: Option<f64>,
+    #[schema(minimum = -2, maximum = 2, default = 0.0)]
+    presence_penalty: Option<f64>,
+    #[schema(minimum = -2, maximum = 2, default = 0.0)]
+    frequency_penalty: Option<f64>,
+    /// Multiplicative repetition penalty, strictly positive.
+    #[schema(exclusive_minimum = 0, maximum = 2, default = 1.0)]
+    repetition_penalty: Option<f64>,
+    /// PRNG seed (a signed 64-bit integer, non-negative).
+    #[schema(minimum = 0, maximum = 9223372036854775807_i64)]
+    seed: Option<i64>,
+    /// Top-k logprobs per generated token (0 = the sampled token only). At most the model's `capabilities.max_logprobs`.
+    #[schema(minimum = 0, maximum = 100)]
+    logprobs: Option<u32>,
+    /// Top-k logprobs per prompt position; -1 = the full vocabulary (prompt at most `capabilities.full_vocab_max_prompt_tokens` tokens, else 400 `full_vocab_prompt_too_long`). Values other than 0 are rejected with `stream: true`.
+    #[schema(minimum = -1, maximum = 100)]
+    prompt_logprobs: Option<i32>,
+    /// Prepend the prompt to each choice's text.
+    #[schema(default = false)]
+    echo: Option<bool>,
+    /// Stream the answer as server-sent events.
+    #[schema(default = false)]
+    stream: Option<bool>,
+    stream_options: Option<StreamOptionsDoc>,
+    /// Free-form tag echoed back for your own bookkeeping.
+    user: Option<String>,
+    /// Whether the tokenizer prepends the model's BOS token to text prompts.
+    #[schema(default = true)]
+    add_special_tokens: Option<bool>,
+}
+
+/// A string, a batch of strings, a list of token ids, or a batch of token-id lists. Empty lists and a batch holding an empty token list are rejected; `""` is accepted (BOS only).
+#[derive(ToSchema)]
+#[schema(as = Prompt)]
+#[serde(untagged)]
+pub enum PromptDoc {
+    Text(String),
+    #[schema(min_items = 1)]
+    TextBatch(Vec<String>),
+    #[schema(min_items = 1)]
+    Tokens(Vec<u32>),
+    #[schema(min_items = 1)]
+    TokenBatch(Vec<Vec<u32>>),
+}
+
+/// A stop string, or up to 4 of them. Empty strings are rejected.
+#[derive(ToSchema)]
+#[schema(as = Stop)]
+#[serde(untagged)]
+pub enum StopDoc {
+    One(String),
+    #[schema(max_items = 4)]
+    Many(Vec<String>),
+}
+
+/// Only with `stream: true`; unknown keys are rejected.
+#[derive(ToSchema)]
+#[schema(as = StreamOptions, additional_properties = false)]
+pub struct StreamOptionsDoc {
+    /// Send a final chunk with `choices: []` and the usage totals before `[DONE]`.
+    include_usage: Option<bool>,
+    /// Attach running usage to every content chunk.
+    continuous_usage_stats: Option<bool>,
+}
+
+/// A vLLM `text_completion` object, passed through verbatim.
+#[derive(ToSchema)]
+#[schema(as = CompletionResponse)]
+pub struct CompletionResponseDoc {
+    id: String,
+    /// Always `text_completion`.
+    object: String,
+    created: i64,
+    /// The checkpoint that served the request.
+    model: String,
+    #[schema(value_type = Vec<Object>)]
+    choices: Vec<serde_json::Value>,
+    #[schema(value_type = Object)]
+    usage: serde_json::Value,
+}
+
+/// Every error response.
+#[derive(ToSchema)]
+#[schema(as = ErrorEnvelope)]
+pub struct ErrorEnvelopeDoc {
+    error: ErrorDoc,
+    /// Same as the `X-Request-Id` header.
+    request_id: String,
+}
+
+#[derive(ToSchema)]
+#[schema(as = Error)]
+pub struct ErrorDoc {
+    /// Machine-readable code: `invalid_request`, `model_not_found`, `chat_completions_unsupported`, `full_vocab_prompt_too_long`, `invalid_api_key`, `not_found`, `method_not_allowed`, `request_too_large`, `upstream_bad_request`, `upstream_error`, `upstream_unavailable`, `internal_error`.
+    code: String,
+    message: String,
+    /// `invalid_request_error`, `authentication_error`, `rate_limit_error` or `server_error`.
+    #[serde(rename = "type")]
+    kind: String,
+    /// The request field at fault, when one is.
+    param: Option<String>,
+}

@@ -1,0 +1,70 @@
+//! Running the gateway: logging, store, state, listener, graceful shutdown.
+
+use std::future::Future;
+
+use tokio::net::TcpListener;
+
+use crate::app::{AppState, build_router};
+use crate::config::{Config, LogFormat};
+
+/// Installs the global tracing subscriber (stderr; stdout belongs to CLI output).
+/// `RUST_LOG` refines the filter; the default logs requests at info.
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tower_http=info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    // A second initialisation (tests, demo after serve) keeps the first subscriber.
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+/// Opens the store named by the config and builds the application state.
+pub async fn prepare(config: Config) -> anyhow::Result<AppState> {
+    let store = crate::store::connect(&config.database_url).await?;
+    AppState::new(config, store)
+}
+
+/// Serves on `listener` until `shutdown` resolves, then lets in-flight requests finish.
+pub async fn serve(
+    state: AppState,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    state.discover_upstreams().await;
+    let router = build_router(state);
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await?;
+    Ok(())
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    tracing::info!("shutting down");
+}
