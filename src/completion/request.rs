@@ -1,1 +1,0 @@
-//! Strict parsing of the /v1/completions request body.
