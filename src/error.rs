@@ -3,6 +3,8 @@
 //! and the `envelope` middleware (which owns the request id) renders the OpenAI-shaped
 //! body `{"error":{…},"request_id":…}`. No handler builds error JSON by hand.
 
+use std::borrow::Cow;
+
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
@@ -20,7 +22,7 @@ pub enum ApiError {
     #[error("{message}")]
     InvalidRequest {
         message: String,
-        param: Option<&'static str>,
+        param: Option<Cow<'static, str>>,
     },
     #[error("The model '{0}' does not exist. GET /v1/models lists the available ids.")]
     ModelNotFound(String),
@@ -62,7 +64,7 @@ pub struct ErrorBody {
     pub code: &'static str,
     pub message: String,
     pub kind: &'static str,
-    pub param: Option<&'static str>,
+    pub param: Option<Cow<'static, str>>,
 }
 
 impl ApiError {
@@ -73,10 +75,10 @@ impl ApiError {
         }
     }
 
-    pub fn invalid_param(param: &'static str, message: impl Into<String>) -> Self {
+    pub fn invalid_param(param: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
         Self::InvalidRequest {
             message: message.into(),
-            param: Some(param),
+            param: Some(param.into()),
         }
     }
 
@@ -129,9 +131,9 @@ impl ApiError {
 
     fn body(&self) -> ErrorBody {
         let param = match self {
-            Self::InvalidRequest { param, .. } => *param,
-            Self::ModelNotFound(_) => Some("model"),
-            Self::FullVocabPromptTooLong { .. } => Some("prompt_logprobs"),
+            Self::InvalidRequest { param, .. } => param.clone(),
+            Self::ModelNotFound(_) => Some("model".into()),
+            Self::FullVocabPromptTooLong { .. } => Some("prompt_logprobs".into()),
             _ => None,
         };
         ErrorBody {

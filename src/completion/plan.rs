@@ -3,13 +3,11 @@
 //! token counts; the upstream's `/tokenize` is asked only when a cheap upper bound
 //! (bytes + BOS for text, the length for token ids) cannot settle the answer.
 
-use crate::completion::request::{CompletionRequest, Prompt};
+use crate::completion::request::{CompletionRequest, MAX_OUTPUT_WORK, Prompt};
 use crate::error::ApiError;
 use crate::fleet::{Served, Upstream};
 use crate::upstream::UpstreamClient;
 
-/// The largest default `max_tokens`, and the cap on `prompt_count × n × max_tokens`.
-pub const OUTPUT_WORK_CAP: u64 = 32_000;
 /// Longest prompt (in tokens) allowed with `prompt_logprobs: -1`.
 pub const FULL_VOCAB_MAX_PROMPT_TOKENS: u64 = 1024;
 
@@ -54,12 +52,12 @@ impl Planner<'_> {
     /// `min(32000, max_model_len − prompt_tokens)`.
     async fn default_max_tokens(&self, request: &CompletionRequest<'_>, bound: u64) -> Result<u64, ApiError> {
         let context = self.served.max_model_len;
-        if context.saturating_sub(bound) >= OUTPUT_WORK_CAP {
-            return Ok(OUTPUT_WORK_CAP);
+        if context.saturating_sub(bound) >= MAX_OUTPUT_WORK {
+            return Ok(MAX_OUTPUT_WORK);
         }
         let tokens = self.exact_tokens(request, 0, bound).await?;
         match context.checked_sub(tokens) {
-            Some(room) if room >= 1 => Ok(room.min(OUTPUT_WORK_CAP)),
+            Some(room) if room >= 1 => Ok(room.min(MAX_OUTPUT_WORK)),
             _ => Err(ApiError::invalid_param(
                 "prompt",
                 format!(

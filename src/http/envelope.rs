@@ -74,7 +74,7 @@ fn render(response: &mut Response, error: &ErrorBody, request_id: &str) {
             code: error.code,
             message: &error.message,
             kind: error.kind,
-            param: error.param,
+            param: error.param.as_deref(),
         },
         request_id,
     };

@@ -84,60 +84,10 @@ impl Field {
     }
 }
 
-/// Names clients commonly send that we do not accept (OpenAI fields we don't support,
-/// vLLM extras, SDK-only constructs). `ApiError::param` is `&'static str`, so an unknown
-/// field can be named in `param` only when it is on this list; any other unknown name
-/// is still named in the message, with no `param`.
-const FOREIGN_FIELDS: &[&str] = &[
-    "extra_body",
-    "extra_headers",
-    "extra_query",
-    "timeout",
-    "suffix",
-    "best_of",
-    "logit_bias",
-    "max_completion_tokens",
-    "messages",
-    "top_logprobs",
-    "metadata",
-    "store",
-    "service_tier",
-    "use_beam_search",
-    "length_penalty",
-    "stop_token_ids",
-    "include_stop_str_in_output",
-    "ignore_eos",
-    "min_tokens",
-    "skip_special_tokens",
-    "spaces_between_special_tokens",
-    "truncate_prompt_tokens",
-    "allowed_token_ids",
-    "prompt_embeds",
-    "response_format",
-    "structured_outputs",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
-    "guided_decoding_backend",
-    "guided_whitespace_pattern",
-    "priority",
-    "request_id",
-    "logits_processors",
-    "return_tokens_as_token_ids",
-    "return_token_ids",
-    "cache_salt",
-    "kv_transfer_params",
-    "vllm_xargs",
-    "bad_words",
-];
-
 pub(super) fn unknown_field(name: &str) -> ApiError {
-    let message = format!("Unknown field '{}'", shown_key(name));
-    match FOREIGN_FIELDS.iter().find(|f| **f == name) {
-        Some(param) => ApiError::invalid_param(param, message),
-        None => ApiError::invalid(message),
-    }
+    let shown = shown_key(name);
+    let message = format!("Unknown field '{shown}'");
+    ApiError::invalid_param(shown, message)
 }
 
 /// A client-sent key as shown in a message: escaped like a JSON string and cut short.

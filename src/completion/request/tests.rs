@@ -33,7 +33,7 @@ fn run(cases: &[(&str, Expect)]) {
             (Expect::Err(..), Ok(req)) => Some(format!("expected an error, got Ok({req:?})")),
             (Expect::Err(want_param, want_msg), Err(err)) => match err {
                 ApiError::InvalidRequest { message, param } => {
-                    if param != want_param {
+                    if param.as_deref() != *want_param {
                         Some(format!("param {param:?} != {want_param:?} ({message})"))
                     } else if !message.contains(want_msg) {
                         Some(format!("message {message:?} lacks {want_msg:?}"))
@@ -64,10 +64,10 @@ fn parse(body: &str) -> CompletionRequest<'_> {
     }
 }
 
-fn error(body: &str) -> (Option<&'static str>, String) {
+fn error(body: &str) -> (Option<String>, String) {
     match CompletionRequest::parse(body.as_bytes()) {
         Ok(req) => panic!("{body} was accepted: {req:?}"),
-        Err(ApiError::InvalidRequest { message, param }) => (param, message),
+        Err(ApiError::InvalidRequest { message, param }) => (param.map(String::from), message),
         Err(other) => panic!("{body}: not an invalid_request: {other:?}"),
     }
 }
@@ -173,10 +173,10 @@ fn keys_unknown_and_duplicate() {
         // A name outside the known list cannot be a `&'static` param: message only.
         (
             r#"{"prompt":"hi","foo":1}"#,
-            rej_no_param("Unknown field 'foo'"),
+            rej("foo", "Unknown field 'foo'"),
         ),
-        (r#"{"Prompt":"hi"}"#, rej_no_param("Unknown field 'Prompt'")),
-        (r#"{"prompt":"hi","":1}"#, rej_no_param("Unknown field ''")),
+        (r#"{"Prompt":"hi"}"#, rej("Prompt", "Unknown field 'Prompt'")),
+        (r#"{"prompt":"hi","":1}"#, rej("", "Unknown field ''")),
         (
             r#"{"prompt":"hi","a\"b":1}"#,
             rej_no_param(r#"Unknown field 'a\"b'"#),
@@ -201,7 +201,7 @@ fn unknown_field_names_are_cut_short() {
     let long = "k".repeat(500);
     let body = format!(r#"{{"prompt":"hi","{long}":1}}"#);
     let (param, message) = error(&body);
-    assert_eq!(param, None);
+    assert!(param.is_some_and(|p| p.len() < 80 && p.starts_with("kkk")));
     assert!(message.len() < 120, "{message}");
 }
 

@@ -1,0 +1,194 @@
+//! The real binaries on port 0: `fleetgate keys …`, `fleetgate serve` in front of the
+//! `mock-vllm` binary, `fleetgate demo` and its printed curl line, and memory use while a
+//! large body streams through.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const FLEETGATE: &str = env!("CARGO_BIN_EXE_fleetgate");
+const MOCK_VLLM: &str = env!("CARGO_BIN_EXE_mock-vllm");
+const STARTUP: Duration = Duration::from_secs(30);
+
+/// A child process that is killed when the test ends, however it ends.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Reads lines from a child's pipe on a thread until `pred` picks one out.
+fn wait_for_line(
+    pipe: impl std::io::Read + Send + 'static,
+    pred: impl Fn(&str) -> Option<String> + Send + 'static,
+) -> String {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            if let Some(found) = pred(&line) {
+                let _ = tx.send(found);
+            }
+        }
+    });
+    rx.recv_timeout(STARTUP).expect("the process printed the expected line")
+}
+
+fn start_mock(extra: &[&str]) -> (Proc, String) {
+    let mut child = Command::new(MOCK_VLLM)
+        .args(["--listen", "127.0.0.1:0", "--served-model-name", "meta-llama/Llama-3.1-8B"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let url = wait_for_line(stdout, |l| {
+        l.split("listening on ").nth(1).map(|u| u.trim().to_owned())
+    });
+    (Proc(child), url)
+}
+
+fn write_config(dir: &Path, upstream: &str) -> std::path::PathBuf {
+    let path = dir.join("fleetgate.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "listen = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}/fg.db\"\n\n[[models]]\nid = \"llama-8b\"\n\n[[models.upstreams]]\nurl = \"{upstream}\"\ngpu = \"gpu-a\"\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn fleetgate(config: &Path, args: &[&str]) -> std::process::Output {
+    let output = Command::new(FLEETGATE)
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    output
+}
+
+fn serve(config: &Path) -> (Proc, String) {
+    let mut child = Command::new(FLEETGATE)
+        .args(["serve", "--config"])
+        .arg(config)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let address = wait_for_line(stderr, |l| {
+        l.contains("fleetgate listening")
+            .then(|| l.split("address=").nth(1))
+            .flatten()
+            .map(|a| a.split_whitespace().next().unwrap_or("").to_owned())
+    });
+    (Proc(child), format!("http://{address}"))
+}
+
+async fn complete(url: &str, key: &str, body: serde_json::Value) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(format!("{url}/v1/completions"))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn keys_cli_and_serve_work_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_mock, upstream) = start_mock(&[]);
+    let config = write_config(dir.path(), &upstream);
+
+    let created = fleetgate(&config, &["keys", "create", "--name", "alice", "--email", "a@example.org"]);
+    let stdout = String::from_utf8(created.stdout).unwrap();
+    let secret = stdout.trim_end().lines().last().unwrap().to_owned();
+    assert!(secret.starts_with("fg-") && !secret.contains(' '), "secret alone on the last line: {stdout}");
+
+    let json = fleetgate(&config, &["keys", "create", "--name", "bob", "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert!(json["secret"].as_str().unwrap().starts_with(json["prefix"].as_str().unwrap()));
+
+    let listed = String::from_utf8(fleetgate(&config, &["keys", "list"]).stdout).unwrap();
+    assert!(listed.contains("alice") && listed.contains("bob"));
+    assert!(!listed.contains(&secret), "list never shows secrets");
+
+    let (_server, url) = serve(&config);
+    let body = serde_json::json!({"model": "llama-8b", "prompt": "Hi", "max_tokens": 2});
+    assert_eq!(complete(&url, &secret, body.clone()).await.status(), 200);
+
+    fleetgate(&config, &["keys", "revoke", &secret[..12]]);
+    assert_eq!(complete(&url, &secret, body.clone()).await.status(), 401, "revocation takes effect at once");
+    let bob = json["secret"].as_str().unwrap();
+    assert_eq!(complete(&url, bob, body).await.status(), 200);
+}
+
+#[test]
+fn unknown_config_keys_stop_the_start_with_their_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, "listen = \"127.0.0.1:0\"\nlisten_port = 9\n[[models]]\nid = \"m\"\n[[models.upstreams]]\nurl = \"http://127.0.0.1:1\"\ngpu = \"g\"\n").unwrap();
+    let output = Command::new(FLEETGATE).args(["serve", "--config"]).arg(&path).output().unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("listen_port"));
+}
+
+#[test]
+fn the_demo_serves_its_printed_curl_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(FLEETGATE)
+        .args(["demo", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let _demo = Proc(child);
+    let curl = wait_for_line(stdout, |l| l.starts_with("curl ").then(|| l.to_owned()));
+
+    // Run the printed line exactly as a user pasting it would.
+    let output = Command::new("sh").arg("-c").arg(&curl).output().unwrap();
+    assert!(output.status.success(), "{curl}");
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert!(json["choices"][0]["text"].as_str().is_some_and(|t| !t.is_empty()));
+}
+
+/// Peak resident memory of a process, from /proc (Linux).
+fn peak_rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+#[tokio::test]
+async fn a_full_vocab_body_streams_through_with_bounded_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_mock, upstream) = start_mock(&["--vocab-size", "128256"]);
+    let config = write_config(dir.path(), &upstream);
+    let created = fleetgate(&config, &["keys", "create", "--name", "mem"]);
+    let secret = String::from_utf8(created.stdout).unwrap().trim_end().lines().last().unwrap().to_owned();
+    let (server, url) = serve(&config);
+
+    let prompt: Vec<u32> = (1..=8).collect();
+    let body = serde_json::json!({"model": "llama-8b", "prompt": prompt, "max_tokens": 1, "prompt_logprobs": -1});
+    let mut response = complete(&url, &secret, body).await;
+    assert_eq!(response.status(), 200);
+    let mut total = 0usize;
+    while let Some(chunk) = response.chunk().await.unwrap() {
+        total += chunk.len();
+    }
+    let peak = peak_rss_bytes(server.0.id());
+    eprintln!("relayed {} MB; gateway peak RSS {} MB", total >> 20, peak >> 20);
+    assert!(total > 40 << 20, "the body is large ({total} bytes)");
+    assert!(peak < (total as u64) / 2, "peak RSS {peak} for a {total}-byte body: buffered?");
+}
