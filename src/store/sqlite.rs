@@ -1,0 +1,222 @@
+//! The SQLite backend: the embedded default.
+
+use std::str::FromStr as _;
+use std::time::Duration;
+
+use sqlx::SqlitePool;
+use sqlx::migrate::{MigrateError, Migrator};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+
+use super::{KeyRecord, KeySelector, Store, StoreError, insert_error, now_unix};
+use crate::keys::NewKey;
+
+static MIGRATOR: Migrator = sqlx::migrate!("migrations/sqlite");
+
+/// How long a statement waits for another connection's (or process's) write lock
+/// before failing with "database is locked".
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections to a file database. WAL lets readers run beside the one writer.
+const FILE_POOL_SIZE: u32 = 4;
+/// Opening a fresh file races when two processes (the server and the CLI) do it at
+/// once; see [`is_open_race`]. The loser tries again, after 50, 100, 150… ms.
+const OPEN_ATTEMPTS: u32 = 5;
+const OPEN_RETRY_DELAY: Duration = Duration::from_millis(50);
+
+/// A store in one SQLite file (or in memory).
+#[derive(Clone, Debug)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database for a `sqlite:` URL and migrates it.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(|e| StoreError::InvalidUrl(e.to_string()))?
+            .busy_timeout(BUSY_TIMEOUT);
+
+        let memory = is_memory(url);
+        let options = if memory {
+            options
+        } else {
+            let path = options.get_filename().to_path_buf();
+            if path.as_os_str().is_empty() {
+                return Err(StoreError::InvalidUrl(
+                    "a sqlite URL needs a file path (sqlite://path/to/file.db) or :memory:"
+                        .to_owned(),
+                ));
+            }
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                tokio::fs::create_dir_all(parent).await.map_err(|source| {
+                    StoreError::CreateDir {
+                        path: parent.to_path_buf(),
+                        source,
+                    }
+                })?;
+            }
+            options
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                // In WAL mode NORMAL cannot corrupt the database; a power loss may drop
+                // the last commits, which a gateway's key/usage data can afford.
+                .synchronous(SqliteSynchronous::Normal)
+        };
+
+        let mut attempt = 1;
+        loop {
+            match Self::open(options.clone(), memory).await {
+                Err(err) if attempt < OPEN_ATTEMPTS && is_open_race(&err) => {
+                    tokio::time::sleep(OPEN_RETRY_DELAY * attempt).await;
+                    attempt += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    async fn open(options: SqliteConnectOptions, memory: bool) -> Result<Self, StoreError> {
+        let pool = if memory {
+            // Every connection to a named in-memory database shares it, and it vanishes
+            // with the last one: keep exactly one connection, forever. (One connection
+            // also avoids shared-cache table locks, which the busy timeout does not cover.)
+            SqlitePoolOptions::new()
+                .max_connections(1)
+                .min_connections(1)
+                .idle_timeout(None)
+                .max_lifetime(None)
+                .connect_with(options)
+                .await?
+        } else {
+            SqlitePoolOptions::new()
+                .max_connections(FILE_POOL_SIZE)
+                .connect_with(options)
+                .await?
+        };
+        MIGRATOR.run(&pool).await?;
+        Ok(Self { pool })
+    }
+
+    /// The connection pool, for code that needs the database directly.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+}
+
+/// Whether a `sqlite:` URL names an in-memory database (`sqlite::memory:`,
+/// `sqlite://:memory:`, or `?mode=memory`).
+fn is_memory(url: &str) -> bool {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+        .unwrap_or(url);
+    let (database, params) = rest.split_once('?').unwrap_or((rest, ""));
+    database == ":memory:" || params.split('&').any(|p| p == "mode=memory")
+}
+
+/// Whether opening failed in a way that another process opening the same fresh file at
+/// the same moment causes, and that trying again resolves:
+/// - switching a new file to WAL needs an exclusive lock that the busy timeout does not
+///   wait for, so the loser gets SQLITE_BUSY at once;
+/// - SQLite migrations take no lock, so the loser's `CREATE TABLE` fails ("already
+///   exists"); on the next attempt it finds the winner's migrations recorded and has
+///   nothing left to do. (A migration that truly fails fails every attempt.)
+fn is_open_race(err: &StoreError) -> bool {
+    match err {
+        StoreError::Database(err) => is_busy(err),
+        StoreError::Migrate(MigrateError::Execute(_) | MigrateError::ExecuteMigration(..)) => true,
+        _ => false,
+    }
+}
+
+/// SQLITE_BUSY or SQLITE_LOCKED, extended codes included.
+fn is_busy(err: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = err else {
+        return false;
+    };
+    db.code()
+        .and_then(|code| code.parse::<i32>().ok())
+        .is_some_and(|code| matches!(code & 0xff, 5 | 6))
+}
+
+#[async_trait::async_trait]
+impl Store for SqliteStore {
+    async fn create_key(
+        &self,
+        name: &str,
+        email: Option<&str>,
+        key: &NewKey,
+    ) -> Result<KeyRecord, StoreError> {
+        sqlx::query_as(concat!(
+            "INSERT INTO api_keys (name, email, prefix, key_hash, created_at) ",
+            "VALUES (?, ?, ?, ?, ?) RETURNING ",
+            key_columns!()
+        ))
+        .bind(name)
+        .bind(email)
+        .bind(&key.prefix)
+        .bind(key.hash.as_slice())
+        .bind(now_unix())
+        .fetch_one(&self.pool)
+        .await
+        .map_err(|e| insert_error(e, &key.prefix))
+    }
+
+    async fn key_by_prefix(&self, prefix: &str) -> Result<Option<KeyRecord>, StoreError> {
+        Ok(sqlx::query_as(concat!(
+            "SELECT ",
+            key_columns!(),
+            " FROM api_keys WHERE prefix = ?"
+        ))
+        .bind(prefix)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    async fn list_keys(&self) -> Result<Vec<KeyRecord>, StoreError> {
+        Ok(sqlx::query_as(concat!(
+            "SELECT ",
+            key_columns!(),
+            " FROM api_keys ORDER BY id"
+        ))
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    async fn revoke_key(&self, id_or_prefix: &str) -> Result<Option<KeyRecord>, StoreError> {
+        let query = match KeySelector::parse(id_or_prefix) {
+            KeySelector::Id(None) => return Ok(None),
+            KeySelector::Id(Some(id)) => sqlx::query_as(concat!(
+                "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, ?) WHERE id = ? RETURNING ",
+                key_columns!()
+            ))
+            .bind(now_unix())
+            .bind(id),
+            KeySelector::Prefix(prefix) => sqlx::query_as(concat!(
+                "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, ?) WHERE prefix = ? RETURNING ",
+                key_columns!()
+            ))
+            .bind(now_unix())
+            .bind(prefix),
+        };
+        Ok(query.fetch_optional(&self.pool).await?)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_memory;
+
+    #[test]
+    fn memory_urls() {
+        assert!(is_memory("sqlite::memory:"));
+        assert!(is_memory("sqlite://:memory:"));
+        assert!(is_memory("sqlite://?mode=memory"));
+        assert!(!is_memory("sqlite://data/fleetgate.db"));
+        assert!(!is_memory("sqlite:///var/lib/fleetgate/memory.db"));
+    }
+}
