@@ -44,7 +44,8 @@ pub fn document() -> utoipa::openapi::OpenApi {
 /// (`Unknown field '…'`); numbers never accept booleans or strings; integer fields
 /// accept only integers; `null` means "not given".
 #[derive(ToSchema)]
-#[schema(as = CompletionRequest, additional_properties = false)]
+#[schema(as = CompletionRequest)]
+#[serde(deny_unknown_fields)]
 pub struct CompletionRequestDoc {
     /// Short model id from `GET /v1/models` (e.g. `llama-8b`). Omitted: the default model. Unknown: 400 `model_not_found`.
     model: Option<String>,
@@ -104,11 +105,8 @@ pub struct CompletionRequestDoc {
 #[serde(untagged)]
 pub enum PromptDoc {
     Text(String),
-    #[schema(min_items = 1)]
     TextBatch(Vec<String>),
-    #[schema(min_items = 1)]
     Tokens(Vec<u32>),
-    #[schema(min_items = 1)]
     TokenBatch(Vec<Vec<u32>>),
 }
 
@@ -118,13 +116,13 @@ pub enum PromptDoc {
 #[serde(untagged)]
 pub enum StopDoc {
     One(String),
-    #[schema(max_items = 4)]
     Many(Vec<String>),
 }
 
 /// Only with `stream: true`; unknown keys are rejected.
 #[derive(ToSchema)]
-#[schema(as = StreamOptions, additional_properties = false)]
+#[schema(as = StreamOptions)]
+#[serde(deny_unknown_fields)]
 pub struct StreamOptionsDoc {
     /// Send a final chunk with `choices: []` and the usage totals before `[DONE]`.
     include_usage: Option<bool>,

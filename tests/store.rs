@@ -4,7 +4,7 @@
 //! need to reconnect, the database URL), and [`backend_tests!`] instantiates it for
 //! SQLite (a fresh temp file per test) and for PostgreSQL (a fresh database per test,
 //! dropped afterwards). The PostgreSQL tests are ignored by default; run them with
-//! `FLEETGATE_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test cargo test --test store -- --include-ignored`.
+//! `TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test cargo test --test store -- --include-ignored`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
@@ -15,7 +15,7 @@ use fleetgate::keys::{self, NewKey};
 use fleetgate::store::{self, KeyRecord, SqliteStore, Store, StoreError};
 use sqlx::{AssertSqlSafe, Connection as _, PgConnection};
 
-const POSTGRES_URL_VAR: &str = "FLEETGATE_TEST_POSTGRES_URL";
+const POSTGRES_URL_VAR: &str = "TEST_POSTGRES_URL";
 
 // ---------------------------------------------------------------------------------------
 // Fixtures
@@ -40,7 +40,7 @@ impl TestDb {
         }
     }
 
-    /// A new database `fg_test_<uuid>` on the server named by FLEETGATE_TEST_POSTGRES_URL.
+    /// A new database `fg_test_<uuid>` on the server named by TEST_POSTGRES_URL.
     async fn postgres() -> Self {
         let admin_url = std::env::var(POSTGRES_URL_VAR).unwrap_or_else(|_| {
             panic!(
@@ -148,7 +148,7 @@ macro_rules! backend_tests {
         mod postgres {
             $(
                 #[tokio::test]
-                #[ignore = "needs PostgreSQL (set FLEETGATE_TEST_POSTGRES_URL)"]
+                #[ignore = "needs PostgreSQL (set TEST_POSTGRES_URL)"]
                 async fn $store_test() {
                     let db = super::TestDb::postgres().await;
                     super::$store_test(db.store().await).await;
@@ -156,7 +156,7 @@ macro_rules! backend_tests {
             )*
             $(
                 #[tokio::test]
-                #[ignore = "needs PostgreSQL (set FLEETGATE_TEST_POSTGRES_URL)"]
+                #[ignore = "needs PostgreSQL (set TEST_POSTGRES_URL)"]
                 async fn $url_test() {
                     let db = super::TestDb::postgres().await;
                     super::$url_test(&db.url).await;

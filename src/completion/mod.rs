@@ -5,8 +5,6 @@ pub mod plan;
 pub mod relay;
 pub mod request;
 
-use std::sync::Arc;
-
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
@@ -35,8 +33,8 @@ pub const X_UPSTREAM_GPU: HeaderName = HeaderName::from_static("x-acs-upstream-g
                 ("X-Acs-Upstream-Gpu" = String, description = "The GPU node that served the request."),
             ),
             content(
-                ("application/json" = crate::openapi::CompletionResponseDoc),
-                ("text/event-stream" = String),
+                (crate::openapi::CompletionResponseDoc = "application/json"),
+                (String = "text/event-stream"),
             )),
         (status = 400, description = "Invalid request: `invalid_request`, `model_not_found`, `full_vocab_prompt_too_long`, or `upstream_bad_request` (the model server rejected it, e.g. context length; with `X-Acs-Upstream-Error-Kind`).", body = crate::openapi::ErrorEnvelopeDoc),
         (status = 401, description = "`invalid_api_key`: missing, malformed, unknown or revoked key.", body = crate::openapi::ErrorEnvelopeDoc),
@@ -68,13 +66,13 @@ pub async fn create_completion(
 
     let upstream = model.pick();
     let served = state.upstream().discover(&upstream).await;
-    let tags = served
-        .as_ref()
-        .ok()
-        .map(|served| upstream_tags(&upstream, served));
-    let result = forward(&state, &request, &upstream, served?).await;
+    let tags = upstream_tags(&upstream, served.as_deref().ok());
+    let result = match served {
+        Ok(served) => forward(&state, &request, &upstream, &served).await,
+        Err(err) => Err(err.into()),
+    };
     let mut response = result.unwrap_or_else(IntoResponse::into_response);
-    response.headers_mut().extend(tags.into_iter().flatten());
+    response.headers_mut().extend(tags);
     Ok(response)
 }
 
@@ -82,13 +80,13 @@ async fn forward(
     state: &AppState,
     request: &CompletionRequest<'_>,
     upstream: &Upstream,
-    served: Arc<Served>,
+    served: &Served,
 ) -> Result<Response, ApiError> {
     let client = state.upstream();
     let plan = Planner {
         client,
         upstream,
-        served: &served,
+        served,
     }
     .plan(request)
     .await?;
@@ -97,11 +95,15 @@ async fn forward(
     relay::relay(response).await
 }
 
-/// `X-Acs-Upstream-Model` / `X-Acs-Upstream-Gpu`: which backend served (or failed).
-fn upstream_tags(upstream: &Upstream, served: &Served) -> [(HeaderName, HeaderValue); 2] {
-    let value = |s: &str| HeaderValue::from_str(s).unwrap_or(HeaderValue::from_static("unknown"));
-    [
-        (X_UPSTREAM_MODEL, value(&served.name)),
-        (X_UPSTREAM_GPU, value(&upstream.gpu)),
-    ]
+/// `X-Acs-Upstream-Model` / `X-Acs-Upstream-Gpu`: which backend served (or failed); the
+/// model only once the upstream has said what it serves.
+fn upstream_tags(upstream: &Upstream, served: Option<&Served>) -> Vec<(HeaderName, HeaderValue)> {
+    let mut tags = Vec::with_capacity(2);
+    if let Some(value) = served.and_then(|s| HeaderValue::from_str(&s.name).ok()) {
+        tags.push((X_UPSTREAM_MODEL, value));
+    }
+    if let Ok(value) = HeaderValue::from_str(&upstream.gpu) {
+        tags.push((X_UPSTREAM_GPU, value));
+    }
+    tags
 }

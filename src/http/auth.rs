@@ -36,8 +36,9 @@ async fn authenticate(state: &AppState, headers: &http::HeaderMap) -> Result<Cal
     let secret = value
         .to_str()
         .ok()
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
+        .and_then(|v| v.trim().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, secret)| secret.trim())
         .ok_or(ApiError::Unauthorized(
             "The Authorization header must be 'Bearer <your key>'.",
         ))?;

@@ -85,9 +85,8 @@ impl Field {
 }
 
 pub(super) fn unknown_field(name: &str) -> ApiError {
-    let shown = shown_key(name);
-    let message = format!("Unknown field '{shown}'");
-    ApiError::invalid_param(shown, message)
+    let param: String = name.chars().take(64).collect();
+    ApiError::invalid_param(param, format!("Unknown field '{}'", shown_key(name)))
 }
 
 /// A client-sent key as shown in a message: escaped like a JSON string and cut short.
