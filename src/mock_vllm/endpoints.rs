@@ -1,0 +1,203 @@
+//! The small routes: `/v1/models` (§4), `/tokenize` (§5.1), `/health`, `/version`,
+//! `/metrics` (§5.5) and FastAPI's 404/405 bodies.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, to_bytes};
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::error::VllmError;
+use super::lax::Fields;
+use super::request::json_body;
+use super::state::Shared;
+use super::{FailureMode, ReceivedRequest};
+
+pub(crate) fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn json_response(status: StatusCode, value: &Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        value.to_string(),
+    )
+        .into_response()
+}
+
+/// Read the body and log the request (for `received()`).
+pub(crate) async fn receive(
+    shared: &Shared,
+    request: Request,
+) -> Result<ReceivedRequest, Response> {
+    let (parts, body) = request.into_parts();
+    let body = to_bytes(body, usize::MAX)
+        .await
+        .map_err(|_| StatusCode::BAD_REQUEST.into_response())?;
+    let received = ReceivedRequest {
+        method: parts.method.to_string(),
+        path: parts.uri.path().to_owned(),
+        headers: parts.headers,
+        body,
+    };
+    shared.record(received.clone());
+    Ok(received)
+}
+
+pub(crate) async fn models(State(shared): State<Arc<Shared>>) -> Response {
+    let created = now_secs();
+    let name = &shared.config.served_model_name;
+    let card = json!({
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": name,
+        "parent": null,
+        "max_model_len": shared.config.max_model_len,
+        "permission": [{
+            "id": format!("modelperm-{}", uuid::Uuid::new_v4().simple()),
+            "object": "model_permission",
+            "created": created,
+            "allow_create_engine": false,
+            "allow_sampling": true,
+            "allow_logprobs": true,
+            "allow_search_indices": false,
+            "allow_view": true,
+            "allow_fine_tuning": false,
+            "organization": "*",
+            "group": null,
+            "is_blocking": false,
+        }],
+    });
+    json_response(StatusCode::OK, &json!({"object": "list", "data": [card]}))
+}
+
+/// `POST /tokenize`, completion form only (`prompt` must be a string; no length check).
+pub(crate) async fn tokenize(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let received = match receive(&shared, request).await {
+        Ok(r) => r,
+        Err(response) => return response,
+    };
+    match tokenize_body(&shared, &received) {
+        Ok(value) => json_response(StatusCode::OK, &value),
+        Err(e) => e.into_response(),
+    }
+}
+
+fn tokenize_body(shared: &Shared, received: &ReceivedRequest) -> Result<Value, VllmError> {
+    let map = json_body(&received.headers, &received.body)?;
+    if map.contains_key("messages") {
+        return Err(VllmError::bad_request(
+            "mock-vllm serves a base model: the chat form of /tokenize is not supported",
+        ));
+    }
+    let mut f = Fields::new(&map);
+    let model = f.string("model");
+    let prompt = f.string("prompt");
+    let add_special_tokens = f.bool("add_special_tokens", false).unwrap_or(true);
+    let return_token_strs = f.bool("return_token_strs", true).unwrap_or(false);
+    if prompt.is_none() && f.raw("prompt").is_none() {
+        f.fail(
+            "prompt",
+            "missing",
+            "Field required",
+            &Value::Object(map.clone()),
+        );
+    }
+    f.finish()?;
+    let served = shared.config.served_model_name.as_str();
+    if let Some(model) = model.as_deref().filter(|m| !m.is_empty() && *m != served) {
+        return Err(VllmError::model_not_found(model));
+    }
+    let tokens = shared
+        .tokenizer
+        .encode(prompt.as_deref().unwrap_or(""), add_special_tokens);
+    let token_strs = return_token_strs.then(|| {
+        tokens
+            .iter()
+            .map(|&id| shared.tokenizer.raw_token(id))
+            .collect::<Vec<_>>()
+    });
+    Ok(json!({
+        "count": tokens.len(),
+        "max_model_len": shared.config.max_model_len,
+        "tokens": tokens,
+        "token_strs": token_strs,
+    }))
+}
+
+/// 200 with an empty body; 503 (0.11+ "engine dead") in the `Status500` failure mode.
+pub(crate) async fn health(State(shared): State<Arc<Shared>>) -> StatusCode {
+    if shared.failure() == FailureMode::Status500 {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    }
+}
+
+pub(crate) async fn version() -> Response {
+    json_response(StatusCode::OK, &json!({"version": "0.11.0"}))
+}
+
+/// Prometheus text with the load-balancing gauges of the V1 engine.
+pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    let running = shared.in_flight();
+    let model = shared
+        .config
+        .served_model_name
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n");
+    let labels = format!("{{engine=\"0\",model_name=\"{model}\"}}");
+    // A made-up but monotone KV-cache usage: 1% per running request.
+    let kv = (running.min(100) as f64) / 100.0;
+    let gauges = [
+        (
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            running as f64,
+        ),
+        (
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            0.0,
+        ),
+        (
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            kv,
+        ),
+    ];
+    let mut text = String::new();
+    for (name, help, value) in gauges {
+        text.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{labels} {value:?}\n"
+        ));
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        Body::from(text),
+    )
+        .into_response()
+}
+
+pub(crate) async fn not_found() -> Response {
+    json_response(StatusCode::NOT_FOUND, &json!({"detail": "Not Found"}))
+}
+
+pub(crate) async fn method_not_allowed() -> Response {
+    json_response(
+        StatusCode::METHOD_NOT_ALLOWED,
+        &json!({"detail": "Method Not Allowed"}),
+    )
+}

@@ -1,0 +1,128 @@
+//! State shared by the handlers and the [`MockVllm`](super::MockVllm) handle: the
+//! failure mode, the request log, the in-flight/cancelled counters and the gate.
+//! Counters and the gate are `watch` channels so waiters never poll.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use tokio::sync::watch;
+
+use super::listener::ListenerControl;
+use super::model::ToyModel;
+use super::tokenizer::Tokenizer;
+use super::{FailureMode, MockConfig, ReceivedRequest};
+
+pub(crate) struct Shared {
+    pub config: MockConfig,
+    pub tokenizer: Tokenizer,
+    pub model: ToyModel,
+    pub listener: ListenerControl,
+    failure: Mutex<FailureMode>,
+    received: Mutex<Vec<ReceivedRequest>>,
+    in_flight: watch::Sender<usize>,
+    cancelled: watch::Sender<usize>,
+    /// `true` while the gate is open.
+    gate: watch::Sender<bool>,
+}
+
+/// Lock a mutex, ignoring poisoning (the data stays consistent: every critical section
+/// is a single push/replace).
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Shared {
+    pub fn new(config: MockConfig, listener: ListenerControl) -> Self {
+        let tokenizer = Tokenizer::new(config.vocab_size);
+        let model = ToyModel::new(&tokenizer);
+        Self {
+            config,
+            tokenizer,
+            model,
+            listener,
+            failure: Mutex::new(FailureMode::None),
+            received: Mutex::new(Vec::new()),
+            in_flight: watch::Sender::new(0),
+            cancelled: watch::Sender::new(0),
+            gate: watch::Sender::new(true),
+        }
+    }
+
+    pub fn failure(&self) -> FailureMode {
+        lock(&self.failure).clone()
+    }
+
+    pub fn set_failure(&self, mode: FailureMode) {
+        let refuse = mode == FailureMode::Refuse;
+        *lock(&self.failure) = mode;
+        if refuse {
+            self.listener.close();
+        } else if let Err(e) = self.listener.reopen() {
+            tracing::error!(error = %e, "mock-vllm could not reopen its listener");
+        }
+    }
+
+    pub fn record(&self, request: ReceivedRequest) {
+        lock(&self.received).push(request);
+    }
+
+    pub fn received(&self) -> Vec<ReceivedRequest> {
+        lock(&self.received).clone()
+    }
+
+    pub fn in_flight(&self) -> usize {
+        *self.in_flight.borrow()
+    }
+
+    pub fn cancelled(&self) -> usize {
+        *self.cancelled.borrow()
+    }
+
+    pub async fn wait_in_flight(&self, n: usize) {
+        // The sender lives as long as `self`, so this only returns once the count is reached.
+        let _ = self.in_flight.subscribe().wait_for(|&v| v >= n).await;
+    }
+
+    pub async fn wait_cancelled(&self, n: usize) {
+        let _ = self.cancelled.subscribe().wait_for(|&v| v >= n).await;
+    }
+
+    pub fn set_gate(&self, open: bool) {
+        self.gate.send_replace(open);
+    }
+
+    pub async fn gate_passed(&self) {
+        let _ = self.gate.subscribe().wait_for(|&open| open).await;
+    }
+}
+
+/// Counts one /v1/completions request as in flight for its lifetime. Dropped without
+/// [`finish`](Self::finish) — the handler future or the response body stream was dropped
+/// because the client went away — it counts the request as cancelled.
+pub(crate) struct InFlight {
+    shared: Arc<Shared>,
+    finished: bool,
+}
+
+impl InFlight {
+    pub fn enter(shared: &Arc<Shared>) -> Self {
+        shared.in_flight.send_modify(|n| *n += 1);
+        Self {
+            shared: Arc::clone(shared),
+            finished: false,
+        }
+    }
+
+    /// The response was delivered in full (or cut on purpose by a failure mode).
+    pub fn finish(&mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.shared.in_flight.send_modify(|n| *n -= 1);
+        if !self.finished {
+            self.shared.cancelled.send_modify(|n| *n += 1);
+        }
+    }
+}
