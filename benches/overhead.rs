@@ -17,7 +17,10 @@ use futures_util::StreamExt;
 const BODY: &str = r#"{"model":"MODEL","prompt":"The capital of France is","max_tokens":4,"temperature":0.7,"top_k":20}"#;
 
 fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 struct Target {
@@ -58,7 +61,12 @@ async fn latency(client: &reqwest::Client, target: &Target, n: usize) -> Vec<Dur
     samples
 }
 
-async fn throughput(client: &reqwest::Client, target: &Target, n: usize, concurrency: usize) -> f64 {
+async fn throughput(
+    client: &reqwest::Client,
+    target: &Target,
+    n: usize,
+    concurrency: usize,
+) -> f64 {
     let start = Instant::now();
     futures_util::stream::iter(0..n)
         .for_each_concurrent(concurrency, |_| async {
@@ -82,9 +90,18 @@ async fn main() {
     .expect("config");
     let state = server::prepare(config).await.expect("state");
     let key = fleetgate::keys::generate();
-    state.store().create_key("bench", None, &key).await.expect("key");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let gateway = format!("http://{}/v1/completions", listener.local_addr().expect("addr"));
+    state
+        .store()
+        .create_key("bench", None, &key)
+        .await
+        .expect("key");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let gateway = format!(
+        "http://{}/v1/completions",
+        listener.local_addr().expect("addr")
+    );
     tokio::spawn(server::serve(state, listener, std::future::pending()));
 
     let served = MockConfig::default().served_model_name;

@@ -88,7 +88,10 @@ pub fn api_routes() -> OpenApiRouter<AppState> {
 
 pub fn build_router(state: AppState) -> Router {
     let (v1, _) = v1_routes()
-        .route_layer(middleware::from_fn_with_state(state.clone(), auth::require_key))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_key,
+        ))
         .split_for_parts();
     let (open, _) = OpenApiRouter::new()
         .routes(routes!(health::health))
@@ -107,11 +110,13 @@ pub fn build_router(state: AppState) -> Router {
         .merge(swagger)
         .fallback(fallback::not_found)
         .method_not_allowed_fallback(fallback::method_not_allowed)
-        .layer(CatchPanicLayer::custom(|_: Box<dyn std::any::Any + Send>| {
-            axum::response::IntoResponse::into_response(ApiError::internal(anyhow::anyhow!(
-                "handler panicked"
-            )))
-        }))
+        .layer(CatchPanicLayer::custom(
+            |_: Box<dyn std::any::Any + Send>| {
+                axum::response::IntoResponse::into_response(ApiError::internal(anyhow::anyhow!(
+                    "handler panicked"
+                )))
+            },
+        ))
         .layer(TraceLayer::new_for_http().make_span_with(trace_span))
         .layer(middleware::from_fn(envelope::envelope))
         .layer(CompressionLayer::new())

@@ -34,7 +34,10 @@ pub async fn list_keys(store: &dyn Store, as_json: bool) -> anyhow::Result<Strin
         let list: Vec<_> = records.iter().map(record_json).collect();
         return Ok(serde_json::Value::Array(list).to_string());
     }
-    let mut out = format!("{:<6} {:<14} {:<8} {:<24} {}", "ID", "PREFIX", "STATE", "NAME", "EMAIL");
+    let mut out = format!(
+        "{:<6} {:<14} {:<8} {:<24} {}",
+        "ID", "PREFIX", "STATE", "NAME", "EMAIL"
+    );
     for r in &records {
         let state = if r.is_active() { "active" } else { "revoked" };
         out.push_str(&format!(

@@ -9,7 +9,11 @@ use fleetgate::config::Config;
 use fleetgate::{cli, demo, server};
 
 #[derive(Parser)]
-#[command(name = "fleetgate", version, about = "A strict, metering gateway in front of vLLM servers")]
+#[command(
+    name = "fleetgate",
+    version,
+    about = "A strict, metering gateway in front of vLLM servers"
+)]
 struct Args {
     #[command(subcommand)]
     command: Command,
@@ -44,7 +48,12 @@ enum Command {
 #[derive(clap::Args)]
 struct ConfigArg {
     /// The TOML configuration file.
-    #[arg(long = "config", env = "FLEETGATE_CONFIG", default_value = "config/fleetgate.toml", global = true)]
+    #[arg(
+        long = "config",
+        env = "FLEETGATE_CONFIG",
+        default_value = "config/fleetgate.toml",
+        global = true
+    )]
     path: PathBuf,
 }
 

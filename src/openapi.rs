@@ -3,7 +3,10 @@
 //! `completion::request` is the authority on the rules; a test walks this document's
 //! bounds against the parser so the two cannot drift apart.
 
-#![expect(dead_code, reason = "documentation-only types: read by utoipa, never constructed")]
+#![expect(
+    dead_code,
+    reason = "documentation-only types: read by utoipa, never constructed"
+)]
 
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi, ToSchema};

@@ -74,23 +74,32 @@ impl UpstreamClient {
     }
 
     /// Asks the upstream what it serves and remembers the answer.
-    pub async fn discover(&self, upstream: &Upstream) -> Result<std::sync::Arc<Served>, UpstreamError> {
+    pub async fn discover(
+        &self,
+        upstream: &Upstream,
+    ) -> Result<std::sync::Arc<Served>, UpstreamError> {
         if let Some(served) = upstream.served() {
             return Ok(served);
         }
         let url = format!("{}/v1/models", upstream.url);
-        let response = self.http.get(&url).send().await.map_err(|source| {
-            UpstreamError::Unreachable {
-                url: upstream.url.clone(),
-                source,
-            }
-        })?;
+        let response =
+            self.http
+                .get(&url)
+                .send()
+                .await
+                .map_err(|source| UpstreamError::Unreachable {
+                    url: upstream.url.clone(),
+                    source,
+                })?;
         let unexpected = |what: String| UpstreamError::Unexpected {
             url: upstream.url.clone(),
             what,
         };
         if !response.status().is_success() {
-            return Err(unexpected(format!("{} on GET /v1/models", response.status())));
+            return Err(unexpected(format!(
+                "{} on GET /v1/models",
+                response.status()
+            )));
         }
         let list: ModelList = response
             .json()
@@ -137,10 +146,14 @@ impl UpstreamClient {
         if !response.status().is_success() {
             return Err(upstream_rejection(response).await);
         }
-        let parsed: TokenizeResponse = response.json().await.map_err(|e| UpstreamError::Unexpected {
-            url: upstream.url.clone(),
-            what: format!("an unreadable /tokenize answer: {e}"),
-        })?;
+        let parsed: TokenizeResponse =
+            response
+                .json()
+                .await
+                .map_err(|e| UpstreamError::Unexpected {
+                    url: upstream.url.clone(),
+                    what: format!("an unreadable /tokenize answer: {e}"),
+                })?;
         Ok(parsed.count)
     }
 

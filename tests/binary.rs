@@ -2,6 +2,12 @@
 //! `mock-vllm` binary, `fleetgate demo` and its printed curl line, and memory use while a
 //! large body streams through.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails by panicking"
+)]
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -35,12 +41,18 @@ fn wait_for_line(
             }
         }
     });
-    rx.recv_timeout(STARTUP).expect("the process printed the expected line")
+    rx.recv_timeout(STARTUP)
+        .expect("the process printed the expected line")
 }
 
 fn start_mock(extra: &[&str]) -> (Proc, String) {
     let mut child = Command::new(MOCK_VLLM)
-        .args(["--listen", "127.0.0.1:0", "--served-model-name", "meta-llama/Llama-3.1-8B"])
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--served-model-name",
+            "meta-llama/Llama-3.1-8B",
+        ])
         .args(extra)
         .stdout(Stdio::piped())
         .spawn()
@@ -72,7 +84,11 @@ fn fleetgate(config: &Path, args: &[&str]) -> std::process::Output {
         .arg(config)
         .output()
         .unwrap();
-    assert!(output.status.success(), "{args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     output
 }
 
@@ -109,14 +125,32 @@ async fn keys_cli_and_serve_work_together() {
     let (_mock, upstream) = start_mock(&[]);
     let config = write_config(dir.path(), &upstream);
 
-    let created = fleetgate(&config, &["keys", "create", "--name", "alice", "--email", "a@example.org"]);
+    let created = fleetgate(
+        &config,
+        &[
+            "keys",
+            "create",
+            "--name",
+            "alice",
+            "--email",
+            "a@example.org",
+        ],
+    );
     let stdout = String::from_utf8(created.stdout).unwrap();
     let secret = stdout.trim_end().lines().last().unwrap().to_owned();
-    assert!(secret.starts_with("fg-") && !secret.contains(' '), "secret alone on the last line: {stdout}");
+    assert!(
+        secret.starts_with("fg-") && !secret.contains(' '),
+        "secret alone on the last line: {stdout}"
+    );
 
     let json = fleetgate(&config, &["keys", "create", "--name", "bob", "--json"]);
     let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
-    assert!(json["secret"].as_str().unwrap().starts_with(json["prefix"].as_str().unwrap()));
+    assert!(
+        json["secret"]
+            .as_str()
+            .unwrap()
+            .starts_with(json["prefix"].as_str().unwrap())
+    );
 
     let listed = String::from_utf8(fleetgate(&config, &["keys", "list"]).stdout).unwrap();
     assert!(listed.contains("alice") && listed.contains("bob"));
@@ -127,7 +161,11 @@ async fn keys_cli_and_serve_work_together() {
     assert_eq!(complete(&url, &secret, body.clone()).await.status(), 200);
 
     fleetgate(&config, &["keys", "revoke", &secret[..12]]);
-    assert_eq!(complete(&url, &secret, body.clone()).await.status(), 401, "revocation takes effect at once");
+    assert_eq!(
+        complete(&url, &secret, body.clone()).await.status(),
+        401,
+        "revocation takes effect at once"
+    );
     let bob = json["secret"].as_str().unwrap();
     assert_eq!(complete(&url, bob, body).await.status(), 200);
 }
@@ -137,7 +175,11 @@ fn unknown_config_keys_stop_the_start_with_their_name() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.toml");
     std::fs::write(&path, "listen = \"127.0.0.1:0\"\nlisten_port = 9\n[[models]]\nid = \"m\"\n[[models.upstreams]]\nurl = \"http://127.0.0.1:1\"\ngpu = \"g\"\n").unwrap();
-    let output = Command::new(FLEETGATE).args(["serve", "--config"]).arg(&path).output().unwrap();
+    let output = Command::new(FLEETGATE)
+        .args(["serve", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("listen_port"));
 }
@@ -160,14 +202,23 @@ fn the_demo_serves_its_printed_curl_line() {
     let output = Command::new("sh").arg("-c").arg(&curl).output().unwrap();
     assert!(output.status.success(), "{curl}");
     let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert!(json["choices"][0]["text"].as_str().is_some_and(|t| !t.is_empty()));
+    assert!(
+        json["choices"][0]["text"]
+            .as_str()
+            .is_some_and(|t| !t.is_empty())
+    );
 }
 
 /// Peak resident memory of a process, from /proc (Linux).
 fn peak_rss_bytes(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+    line.split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+        * 1024
 }
 
 #[tokio::test]
@@ -176,7 +227,13 @@ async fn a_full_vocab_body_streams_through_with_bounded_memory() {
     let (_mock, upstream) = start_mock(&["--vocab-size", "128256"]);
     let config = write_config(dir.path(), &upstream);
     let created = fleetgate(&config, &["keys", "create", "--name", "mem"]);
-    let secret = String::from_utf8(created.stdout).unwrap().trim_end().lines().last().unwrap().to_owned();
+    let secret = String::from_utf8(created.stdout)
+        .unwrap()
+        .trim_end()
+        .lines()
+        .last()
+        .unwrap()
+        .to_owned();
     let (server, url) = serve(&config);
 
     let prompt: Vec<u32> = (1..=8).collect();
@@ -188,7 +245,14 @@ async fn a_full_vocab_body_streams_through_with_bounded_memory() {
         total += chunk.len();
     }
     let peak = peak_rss_bytes(server.0.id());
-    eprintln!("relayed {} MB; gateway peak RSS {} MB", total >> 20, peak >> 20);
+    eprintln!(
+        "relayed {} MB; gateway peak RSS {} MB",
+        total >> 20,
+        peak >> 20
+    );
     assert!(total > 40 << 20, "the body is large ({total} bytes)");
-    assert!(peak < (total as u64) / 2, "peak RSS {peak} for a {total}-byte body: buffered?");
+    assert!(
+        peak < (total as u64) / 2,
+        "peak RSS {peak} for a {total}-byte body: buffered?"
+    );
 }

@@ -1,6 +1,12 @@
 //! fleetgate in front of mock-vllm over real sockets: what the client gets and what the
 //! upstream receives.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails by panicking"
+)]
+
 mod common;
 
 use std::time::Duration;
@@ -20,7 +26,12 @@ async fn json_completion_is_relayed_and_only_the_model_is_rewritten() {
     let headers = response.headers().clone();
     assert_eq!(headers["x-acs-upstream-model"], CHECKPOINT);
     assert_eq!(headers["x-acs-upstream-gpu"], "gpu-a");
-    assert!(headers["x-request-id"].to_str().unwrap().starts_with("req_"));
+    assert!(
+        headers["x-request-id"]
+            .to_str()
+            .unwrap()
+            .starts_with("req_")
+    );
     let text = response.text().await.unwrap();
     // vLLM's compact body with every null kept: relayed, not re-serialised.
     assert!(text.starts_with(r#"{"id":"cmpl-"#), "{text}");
@@ -30,26 +41,59 @@ async fn json_completion_is_relayed_and_only_the_model_is_rewritten() {
     assert_eq!(json["choices"].as_array().unwrap().len(), 1);
 
     let received = gw.mock.received();
-    let sent = received.iter().find(|r| r.path == "/v1/completions").unwrap();
-    let expected = body.replace(r#""model":"llama-8b""#, &format!(r#""model":"{CHECKPOINT}""#));
-    assert_eq!(std::str::from_utf8(&sent.body).unwrap(), expected, "byte-exact apart from model");
-    assert!(sent.headers.get("x-request-id").is_none(), "our trace id stays ours");
+    let sent = received
+        .iter()
+        .find(|r| r.path == "/v1/completions")
+        .unwrap();
+    let expected = body.replace(
+        r#""model":"llama-8b""#,
+        &format!(r#""model":"{CHECKPOINT}""#),
+    );
+    assert_eq!(
+        std::str::from_utf8(&sent.body).unwrap(),
+        expected,
+        "byte-exact apart from model"
+    );
+    assert!(
+        sent.headers.get("x-request-id").is_none(),
+        "our trace id stays ours"
+    );
 }
 
 #[tokio::test]
 async fn a_request_without_model_goes_to_the_default_model() {
     let gw = Gateway::start().await;
-    let response = gw.complete(r#"{"prompt":"Hi","max_tokens":2}"#).send().await.unwrap();
+    let response = gw
+        .complete(r#"{"prompt":"Hi","max_tokens":2}"#)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 200);
     assert_eq!(gw.upstream_completions()[0]["model"], CHECKPOINT);
 }
 
 #[tokio::test]
 async fn omitted_max_tokens_is_injected_from_the_remaining_context() {
-    let gw = Gateway::start_with(MockConfig { max_model_len: 4096, ..MockConfig::default() }, "").await;
-    let response = gw.complete(r#"{"model":"llama-8b","prompt":"Hello world, how are you"}"#).send().await.unwrap();
+    let gw = Gateway::start_with(
+        MockConfig {
+            max_model_len: 4096,
+            ..MockConfig::default()
+        },
+        "",
+    )
+    .await;
+    let response = gw
+        .complete(r#"{"model":"llama-8b","prompt":"Hello world, how are you"}"#)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 200);
-    let tokenized = gw.mock.received().into_iter().find(|r| r.path == "/tokenize").expect("counted with /tokenize");
+    let tokenized = gw
+        .mock
+        .received()
+        .into_iter()
+        .find(|r| r.path == "/tokenize")
+        .expect("counted with /tokenize");
     let tokenize_answer: serde_json::Value = gw
         .client
         .post(format!("{}/tokenize", gw.mock.url()))
@@ -62,12 +106,22 @@ async fn omitted_max_tokens_is_injected_from_the_remaining_context() {
         .await
         .unwrap();
     let prompt_tokens = tokenize_answer["count"].as_u64().unwrap();
-    assert_eq!(gw.upstream_completions()[0]["max_tokens"], 4096 - prompt_tokens);
+    assert_eq!(
+        gw.upstream_completions()[0]["max_tokens"],
+        4096 - prompt_tokens
+    );
 }
 
 #[tokio::test]
 async fn omitted_max_tokens_with_a_large_context_is_32000_without_tokenizing() {
-    let gw = Gateway::start_with(MockConfig { max_model_len: 131_072, ..MockConfig::default() }, "").await;
+    let gw = Gateway::start_with(
+        MockConfig {
+            max_model_len: 131_072,
+            ..MockConfig::default()
+        },
+        "",
+    )
+    .await;
     let response = gw
         .complete(r#"{"model":"llama-8b","prompt":"Hello","max_tokens":null,"stream":true}"#)
         .send()
@@ -81,7 +135,14 @@ async fn omitted_max_tokens_with_a_large_context_is_32000_without_tokenizing() {
 
 #[tokio::test]
 async fn a_prompt_that_fills_the_context_is_refused_before_the_upstream() {
-    let gw = Gateway::start_with(MockConfig { max_model_len: 16, ..MockConfig::default() }, "").await;
+    let gw = Gateway::start_with(
+        MockConfig {
+            max_model_len: 16,
+            ..MockConfig::default()
+        },
+        "",
+    )
+    .await;
     let prompt: Vec<u32> = (1..=16).collect();
     let body = serde_json::json!({"model": MODEL, "prompt": prompt}).to_string();
     let response = gw.complete(&body).send().await.unwrap();
@@ -93,7 +154,10 @@ async fn a_prompt_that_fills_the_context_is_refused_before_the_upstream() {
 #[tokio::test]
 async fn stream_frames_arrive_while_the_upstream_is_still_generating() {
     let gw = Gateway::start_with(
-        MockConfig { token_delay: Duration::from_millis(100), ..MockConfig::default() },
+        MockConfig {
+            token_delay: Duration::from_millis(100),
+            ..MockConfig::default()
+        },
         "",
     )
     .await;
@@ -103,10 +167,23 @@ async fn stream_frames_arrive_while_the_upstream_is_still_generating() {
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
-    assert!(response.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
-    let first = timeout(WAIT, response.chunk()).await.unwrap().unwrap().unwrap();
+    assert!(
+        response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let first = timeout(WAIT, response.chunk())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     assert!(first.starts_with(b"data: {"), "{first:?}");
-    assert_eq!(gw.mock.in_flight(), 1, "the first frame was relayed before the upstream finished");
+    assert_eq!(
+        gw.mock.in_flight(),
+        1,
+        "the first frame was relayed before the upstream finished"
+    );
 }
 
 #[tokio::test]
@@ -122,20 +199,30 @@ async fn stream_with_include_usage_ends_with_the_usage_frame_and_done() {
         .unwrap();
     let frames: Vec<&str> = text.split("\n\n").filter(|f| !f.is_empty()).collect();
     assert_eq!(frames.last(), Some(&"data: [DONE]"));
-    let usage: serde_json::Value = serde_json::from_str(frames[frames.len() - 2].strip_prefix("data: ").unwrap()).unwrap();
+    let usage: serde_json::Value =
+        serde_json::from_str(frames[frames.len() - 2].strip_prefix("data: ").unwrap()).unwrap();
     assert_eq!(usage["choices"], serde_json::json!([]));
     assert_eq!(usage["usage"]["completion_tokens"], 8);
-    let indices: std::collections::BTreeSet<u64> = frames[..frames.len() - 2]
-        .iter()
-        .map(|f| serde_json::from_str::<serde_json::Value>(f.strip_prefix("data: ").unwrap()).unwrap()["choices"][0]["index"].as_u64().unwrap())
-        .collect();
+    let indices: std::collections::BTreeSet<u64> =
+        frames[..frames.len() - 2]
+            .iter()
+            .map(|f| {
+                serde_json::from_str::<serde_json::Value>(f.strip_prefix("data: ").unwrap())
+                    .unwrap()["choices"][0]["index"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect();
     assert_eq!(indices, [0, 1].into());
 }
 
 #[tokio::test]
 async fn a_client_that_disconnects_cancels_the_upstream_request() {
     let gw = Gateway::start_with(
-        MockConfig { token_delay: Duration::from_millis(100), ..MockConfig::default() },
+        MockConfig {
+            token_delay: Duration::from_millis(100),
+            ..MockConfig::default()
+        },
         "",
     )
     .await;
@@ -144,32 +231,61 @@ async fn a_client_that_disconnects_cancels_the_upstream_request() {
         .send()
         .await
         .unwrap();
-    timeout(WAIT, response.chunk()).await.unwrap().unwrap().unwrap();
+    timeout(WAIT, response.chunk())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     drop(response);
-    timeout(WAIT, gw.mock.wait_cancelled(1)).await.expect("upstream saw the disconnect");
+    timeout(WAIT, gw.mock.wait_cancelled(1))
+        .await
+        .expect("upstream saw the disconnect");
 }
 
 #[tokio::test]
 async fn an_upstream_400_is_wrapped_with_its_message_and_error_kind() {
-    let gw = Gateway::start_with(MockConfig { max_model_len: 64, ..MockConfig::default() }, "").await;
+    let gw = Gateway::start_with(
+        MockConfig {
+            max_model_len: 64,
+            ..MockConfig::default()
+        },
+        "",
+    )
+    .await;
     let response = gw
         .complete(r#"{"model":"llama-8b","prompt":"Hello there","max_tokens":1000}"#)
         .send()
         .await
         .unwrap();
-    assert_eq!(response.headers()["x-acs-upstream-error-kind"], "upstream_bad_request");
+    assert_eq!(
+        response.headers()["x-acs-upstream-error-kind"],
+        "upstream_bad_request"
+    );
     assert_eq!(response.headers()["x-acs-upstream-gpu"], "gpu-a");
     let error = expect_error(response, 400, "upstream_bad_request").await;
-    assert!(error["error"]["message"].as_str().unwrap().contains("maximum context length"), "{error}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("maximum context length"),
+        "{error}"
+    );
 }
 
 #[tokio::test]
 async fn an_upstream_500_becomes_a_retryable_502() {
     let gw = Gateway::start().await;
     gw.mock.set_failure(FailureMode::Status500);
-    let response = gw.complete(r#"{"model":"llama-8b","prompt":"Hi","max_tokens":2}"#).send().await.unwrap();
+    let response = gw
+        .complete(r#"{"model":"llama-8b","prompt":"Hi","max_tokens":2}"#)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.headers()["retry-after"], "1");
-    assert_eq!(response.headers()["x-acs-upstream-error-kind"], "upstream_error");
+    assert_eq!(
+        response.headers()["x-acs-upstream-error-kind"],
+        "upstream_error"
+    );
     expect_error(response, 502, "upstream_error").await;
 }
 
@@ -177,40 +293,77 @@ async fn an_upstream_500_becomes_a_retryable_502() {
 async fn an_unreachable_upstream_is_a_retryable_503() {
     let gw = Gateway::start().await;
     gw.mock.set_failure(FailureMode::Refuse);
-    let response = gw.complete(r#"{"model":"llama-8b","prompt":"Hi","max_tokens":2}"#).send().await.unwrap();
+    let response = gw
+        .complete(r#"{"model":"llama-8b","prompt":"Hi","max_tokens":2}"#)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.headers()["retry-after"], "1");
-    assert_eq!(response.headers()["x-acs-upstream-error-kind"], "upstream_unavailable");
+    assert_eq!(
+        response.headers()["x-acs-upstream-error-kind"],
+        "upstream_unavailable"
+    );
     expect_error(response, 503, "upstream_unavailable").await;
     gw.mock.set_failure(FailureMode::None);
-    let response = gw.complete(r#"{"model":"llama-8b","prompt":"Hi","max_tokens":2}"#).send().await.unwrap();
+    let response = gw
+        .complete(r#"{"model":"llama-8b","prompt":"Hi","max_tokens":2}"#)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 200, "recovers when the upstream is back");
 }
 
 #[tokio::test]
 async fn full_vocab_prompt_logprobs_is_limited_to_1024_prompt_tokens() {
-    let gw = Gateway::start_with(MockConfig { vocab_size: 64, ..MockConfig::default() }, "").await;
+    let gw = Gateway::start_with(
+        MockConfig {
+            vocab_size: 64,
+            ..MockConfig::default()
+        },
+        "",
+    )
+    .await;
     let long: Vec<u32> = (0..1025).map(|i| i % 60).collect();
-    let body = serde_json::json!({"model": MODEL, "prompt": long, "max_tokens": 1, "prompt_logprobs": -1});
+    let body =
+        serde_json::json!({"model": MODEL, "prompt": long, "max_tokens": 1, "prompt_logprobs": -1});
     let response = gw.complete(&body.to_string()).send().await.unwrap();
     expect_error(response, 400, "full_vocab_prompt_too_long").await;
     assert!(gw.upstream_completions().is_empty());
 
     let ok: Vec<u32> = (0..1024).map(|i| i % 60).collect();
-    let body = serde_json::json!({"model": MODEL, "prompt": ok, "max_tokens": 1, "prompt_logprobs": -1});
+    let body =
+        serde_json::json!({"model": MODEL, "prompt": ok, "max_tokens": 1, "prompt_logprobs": -1});
     let response = gw.complete(&body.to_string()).send().await.unwrap();
     assert_eq!(response.status(), 200);
     let json: serde_json::Value = response.json().await.unwrap();
-    assert_eq!(json["choices"][0]["prompt_logprobs"][1].as_object().unwrap().len(), 64);
+    assert_eq!(
+        json["choices"][0]["prompt_logprobs"][1]
+            .as_object()
+            .unwrap()
+            .len(),
+        64
+    );
 }
 
 #[tokio::test]
 async fn a_long_text_prompt_is_tokenized_to_decide_the_full_vocab_rule() {
-    let gw = Gateway::start_with(MockConfig { vocab_size: 64, ..MockConfig::default() }, "").await;
+    let gw = Gateway::start_with(
+        MockConfig {
+            vocab_size: 64,
+            ..MockConfig::default()
+        },
+        "",
+    )
+    .await;
     // More than 1024 bytes, so the byte bound cannot decide; the tokenizer must.
     let prompt = "ab ".repeat(400);
     let body = serde_json::json!({"model": MODEL, "prompt": prompt, "max_tokens": 1, "prompt_logprobs": -1});
     let response = gw.complete(&body.to_string()).send().await.unwrap();
-    let tokenized = gw.mock.received().into_iter().any(|r| r.path == "/tokenize");
+    let tokenized = gw
+        .mock
+        .received()
+        .into_iter()
+        .any(|r| r.path == "/tokenize");
     assert!(tokenized);
     let status = response.status().as_u16();
     let count: u64 = gw
@@ -225,7 +378,11 @@ async fn a_long_text_prompt_is_tokenized_to_decide_the_full_vocab_rule() {
         .unwrap()["count"]
         .as_u64()
         .unwrap();
-    assert_eq!(status == 200, count <= 1024, "status {status} for {count} tokens");
+    assert_eq!(
+        status == 200,
+        count <= 1024,
+        "status {status} for {count} tokens"
+    );
 }
 
 #[tokio::test]
@@ -240,7 +397,11 @@ async fn gzip_is_applied_to_json_when_accepted_but_never_to_streams() {
     assert_eq!(response.headers()["content-encoding"], "gzip");
     let compressed = response.bytes().await.unwrap();
     let mut text = String::new();
-    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&compressed[..]), &mut text).unwrap();
+    std::io::Read::read_to_string(
+        &mut flate2::read::GzDecoder::new(&compressed[..]),
+        &mut text,
+    )
+    .unwrap();
     assert!(serde_json::from_str::<serde_json::Value>(&text).unwrap()["choices"].is_array());
 
     let response = gw
@@ -254,8 +415,22 @@ async fn gzip_is_applied_to_json_when_accepted_but_never_to_streams() {
 
 #[tokio::test]
 async fn models_lists_short_ids_with_capabilities() {
-    let gw = Gateway::start_with(MockConfig { max_model_len: 8192, ..MockConfig::default() }, "").await;
-    let json: serde_json::Value = gw.get("/v1/models").send().await.unwrap().json().await.unwrap();
+    let gw = Gateway::start_with(
+        MockConfig {
+            max_model_len: 8192,
+            ..MockConfig::default()
+        },
+        "",
+    )
+    .await;
+    let json: serde_json::Value = gw
+        .get("/v1/models")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     let card = &json["data"][0];
     assert_eq!(card["id"], MODEL);
     assert_eq!(card["default"], true);
@@ -268,7 +443,11 @@ async fn models_lists_short_ids_with_capabilities() {
 #[tokio::test]
 async fn unknown_model_and_chat_are_400_with_their_codes() {
     let gw = Gateway::start().await;
-    let response = gw.complete(r#"{"model":"gpt-4","prompt":"Hi","max_tokens":2}"#).send().await.unwrap();
+    let response = gw
+        .complete(r#"{"model":"gpt-4","prompt":"Hi","max_tokens":2}"#)
+        .send()
+        .await
+        .unwrap();
     let error = expect_error(response, 400, "model_not_found").await;
     assert_eq!(error["error"]["param"], "model");
     let response = gw
@@ -286,11 +465,22 @@ async fn unknown_model_and_chat_are_400_with_their_codes() {
 #[tokio::test]
 async fn logprobs_above_the_model_cap_are_rejected_with_the_bound() {
     let gw = Gateway::start().await;
-    let response = gw.complete(r#"{"model":"llama-8b","prompt":"Hi","max_tokens":2,"logprobs":21}"#).send().await.unwrap();
+    let response = gw
+        .complete(r#"{"model":"llama-8b","prompt":"Hi","max_tokens":2,"logprobs":21}"#)
+        .send()
+        .await
+        .unwrap();
     let error = expect_error(response, 400, "invalid_request").await;
     assert_eq!(error["error"]["param"], "logprobs");
-    assert!(error["error"]["message"].as_str().unwrap().contains("20"), "{error}");
-    let response = gw.complete(r#"{"model":"llama-8b","prompt":"Hi","max_tokens":2,"logprobs":20}"#).send().await.unwrap();
+    assert!(
+        error["error"]["message"].as_str().unwrap().contains("20"),
+        "{error}"
+    );
+    let response = gw
+        .complete(r#"{"model":"llama-8b","prompt":"Hi","max_tokens":2,"logprobs":20}"#)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 200);
 }
 
@@ -299,11 +489,20 @@ async fn every_framework_error_is_an_envelope() {
     let gw = Gateway::start().await;
     let r = gw.get("/v1/nope").send().await.unwrap();
     expect_error(r, 404, "not_found").await;
-    let r = gw.client.get(format!("{}/nothing/here", gw.url)).send().await.unwrap();
+    let r = gw
+        .client
+        .get(format!("{}/nothing/here", gw.url))
+        .send()
+        .await
+        .unwrap();
     expect_error(r, 404, "not_found").await;
     let r = gw.get("/v1/completions").send().await.unwrap();
     expect_error(r, 405, "method_not_allowed").await;
-    let r = gw.complete(r#"{"model": "llama-8b", "prompt": "#).send().await.unwrap();
+    let r = gw
+        .complete(r#"{"model": "llama-8b", "prompt": "#)
+        .send()
+        .await
+        .unwrap();
     expect_error(r, 400, "invalid_request").await;
     let r = gw
         .client
@@ -315,7 +514,12 @@ async fn every_framework_error_is_an_envelope() {
         .await
         .unwrap();
     let error = expect_error(r, 400, "invalid_request").await;
-    assert!(error["error"]["message"].as_str().unwrap().contains("application/json"));
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("application/json")
+    );
 }
 
 #[tokio::test]
@@ -331,15 +535,34 @@ async fn keys_are_required_checked_and_revocable_at_once() {
         .await
         .unwrap();
     expect_error(anonymous, 401, "invalid_api_key").await;
-    let wrong = gw.complete(body).bearer_auth("fg-AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA").send().await.unwrap();
+    let wrong = gw
+        .complete_as("fg-AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", body)
+        .send()
+        .await
+        .unwrap();
     expect_error(wrong, 401, "invalid_api_key").await;
-    let junk = gw.complete(body).header("authorization", "Basic abc").send().await.unwrap();
+    let junk = gw
+        .client
+        .post(format!("{}/v1/completions", gw.url))
+        .header("authorization", "Basic abc")
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
     expect_error(junk, 401, "invalid_api_key").await;
-    let models = gw.client.get(format!("{}/v1/models", gw.url)).send().await.unwrap();
+    let models = gw
+        .client
+        .get(format!("{}/v1/models", gw.url))
+        .send()
+        .await
+        .unwrap();
     expect_error(models, 401, "invalid_api_key").await;
 
     assert_eq!(gw.complete(body).send().await.unwrap().status(), 200);
-    let store = fleetgate::store::connect(&format!("sqlite://{}", gw.db_path().display())).await.unwrap();
+    let store = fleetgate::store::connect(&format!("sqlite://{}", gw.db_path().display()))
+        .await
+        .unwrap();
     store.revoke_key(&gw.key[..12]).await.unwrap().unwrap();
     let revoked = gw.complete(body).send().await.unwrap();
     expect_error(revoked, 401, "invalid_api_key").await;
@@ -357,19 +580,42 @@ async fn a_body_over_the_limit_is_413_and_not_retryable() {
 
     // Without a Content-Length (chunked), the limit still holds.
     let stream = futures_util::stream::iter(vec![Ok::<_, std::io::Error>(body.into_bytes())]);
-    let response = gw.complete("").body(reqwest::Body::wrap_stream(stream)).send().await.unwrap();
+    let response = gw
+        .complete("")
+        .body(reqwest::Body::wrap_stream(stream))
+        .send()
+        .await
+        .unwrap();
     expect_error(response, 413, "request_too_large").await;
 }
 
 #[tokio::test]
 async fn health_openapi_and_swagger_need_no_key() {
     let gw = Gateway::start().await;
-    let health = gw.client.get(format!("{}/health", gw.url)).send().await.unwrap();
+    let health = gw
+        .client
+        .get(format!("{}/health", gw.url))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(health.status(), 200);
     assert!(health.headers().contains_key("x-request-id"));
-    let spec: serde_json::Value = gw.client.get(format!("{}/openapi.json", gw.url)).send().await.unwrap().json().await.unwrap();
+    let spec: serde_json::Value = gw
+        .client
+        .get(format!("{}/openapi.json", gw.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert!(spec["paths"]["/v1/completions"]["post"].is_object());
-    let swagger = gw.client.get(format!("{}/swagger/", gw.url)).send().await.unwrap();
+    let swagger = gw
+        .client
+        .get(format!("{}/swagger/", gw.url))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(swagger.status(), 200);
     assert!(swagger.text().await.unwrap().contains("swagger"));
 }

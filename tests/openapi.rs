@@ -1,5 +1,11 @@
 //! The OpenAPI document: checked in, current, and in agreement with the parser.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails by panicking"
+)]
+
 use fleetgate::completion::request::CompletionRequest;
 use serde_json::{Value, json};
 
@@ -34,41 +40,40 @@ fn published_bounds_are_the_parsers_bounds() {
         .unwrap();
     let mut checked = 0;
     for (field, schema) in properties {
-        let integer = schema["type"].as_array().is_some_and(|t| t.contains(&json!("integer")))
+        let integer = schema["type"]
+            .as_array()
+            .is_some_and(|t| t.contains(&json!("integer")))
             || schema["type"] == "integer";
-        let step = if integer { 1.0 } else { 1e-6 };
+        // (bound, direction of the first value past it, is the bound itself allowed)
         let edges = [
-            ("minimum", -step, true),
-            ("exclusiveMinimum", 0.0, false),
-            ("maximum", step, true),
+            ("minimum", -1, true),
+            ("exclusiveMinimum", 0, false),
+            ("maximum", 1, true),
         ];
-        for (key, beyond, inclusive) in edges {
-            let Some(bound) = schema.get(key).and_then(Value::as_f64) else { continue };
+        for (key, direction, inclusive) in edges {
+            let Some(bound) = schema.get(key) else {
+                continue;
+            };
             // max_tokens' schema bound sits above the output-work cap (32000), which
             // rejects the edge value itself.
             if inclusive && !(field == "max_tokens" && key == "maximum") {
-                assert_accepts(field, number(bound, integer), true);
+                assert_accepts(field, bound.clone(), true);
             }
-            assert_accepts(field, number(bound + beyond, integer), false);
+            assert_accepts(field, step(bound, direction, integer), false);
             checked += 1;
         }
     }
     assert!(checked >= 15, "only {checked} bounds found in the document");
 }
 
-fn number(x: f64, integer: bool) -> Value {
+/// The value `direction` steps past `bound`: ±1 for integers (exact, in i128), ±1e-6 for
+/// floats; 0 gives the bound itself.
+fn step(bound: &Value, direction: i128, integer: bool) -> Value {
     if integer {
-        // i64::MAX as f64 rounds up to 2^63; keep the exact integer.
-        if x >= 9.2e18 {
-            return if x > 9_223_372_036_854_775_807.0 {
-                serde_json::from_str("9223372036854775808").unwrap()
-            } else {
-                json!(i64::MAX)
-            };
-        }
-        json!(x.round() as i64)
+        let exact: i128 = bound.to_string().parse().unwrap();
+        serde_json::from_str(&(exact + direction).to_string()).unwrap()
     } else {
-        json!(x)
+        json!(bound.as_f64().unwrap() + direction as f64 * 1e-6)
     }
 }
 
@@ -77,5 +82,10 @@ fn assert_accepts(field: &str, value: Value, accepted: bool) {
     body[field] = value.clone();
     let bytes = body.to_string();
     let result = CompletionRequest::parse(bytes.as_bytes());
-    assert_eq!(result.is_ok(), accepted, "{field} = {value}: {:?}", result.err());
+    assert_eq!(
+        result.is_ok(),
+        accepted,
+        "{field} = {value}: {:?}",
+        result.err()
+    );
 }

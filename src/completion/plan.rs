@@ -50,7 +50,11 @@ impl Planner<'_> {
     }
 
     /// `min(32000, max_model_len − prompt_tokens)`.
-    async fn default_max_tokens(&self, request: &CompletionRequest<'_>, bound: u64) -> Result<u64, ApiError> {
+    async fn default_max_tokens(
+        &self,
+        request: &CompletionRequest<'_>,
+        bound: u64,
+    ) -> Result<u64, ApiError> {
         let context = self.served.max_model_len;
         if context.saturating_sub(bound) >= MAX_OUTPUT_WORK {
             return Ok(MAX_OUTPUT_WORK);
@@ -69,14 +73,24 @@ impl Planner<'_> {
 
     /// The exact token count of prompt `index`: token-id prompts are their length (the
     /// bound), text is counted by the upstream's tokenizer.
-    async fn exact_tokens(&self, request: &CompletionRequest<'_>, index: usize, bound: u64) -> Result<u64, ApiError> {
+    async fn exact_tokens(
+        &self,
+        request: &CompletionRequest<'_>,
+        index: usize,
+        bound: u64,
+    ) -> Result<u64, ApiError> {
         let text = match request.prompt() {
             Prompt::Text(text) => text.as_str(),
             Prompt::TextBatch(texts) => texts[index].as_str(),
             Prompt::Tokens(_) | Prompt::TokenBatch(_) => return Ok(bound),
         };
         self.client
-            .count_tokens(self.upstream, self.served, text, request.add_special_tokens())
+            .count_tokens(
+                self.upstream,
+                self.served,
+                text,
+                request.add_special_tokens(),
+            )
             .await
     }
 }

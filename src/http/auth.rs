@@ -30,9 +30,11 @@ pub async fn require_key(
 }
 
 async fn authenticate(state: &AppState, headers: &http::HeaderMap) -> Result<Caller, ApiError> {
-    let value = headers.get(header::AUTHORIZATION).ok_or(ApiError::Unauthorized(
-        "Missing Authorization header. Send 'Authorization: Bearer <your key>'.",
-    ))?;
+    let value = headers
+        .get(header::AUTHORIZATION)
+        .ok_or(ApiError::Unauthorized(
+            "Missing Authorization header. Send 'Authorization: Bearer <your key>'.",
+        ))?;
     let secret = value
         .to_str()
         .ok()

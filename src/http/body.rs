@@ -30,7 +30,11 @@ pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
 
 /// Reads the whole body, refusing more than `limit` bytes with 413 (early, from
 /// `Content-Length`, when the client declares it).
-pub async fn read_limited(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+pub async fn read_limited(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())

@@ -80,7 +80,10 @@ fn render(response: &mut Response, error: &ErrorBody, request_id: &str) {
     };
     let body = serde_json::to_vec(&envelope).unwrap_or_default();
     let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     headers.remove(header::CONTENT_LENGTH);
     *response.body_mut() = Body::from(body);
 }

@@ -1,7 +1,10 @@
 //! A real fleetgate on an ephemeral port, in front of an in-process mock-vllm, with a
 //! fresh SQLite store and key per test.
 
-#![allow(dead_code, reason = "each test binary uses a different part of the harness")]
+#![allow(
+    dead_code,
+    reason = "each test binary uses a different part of the harness"
+)]
 
 use fleetgate::config::Config;
 use fleetgate::mock_vllm::{MockConfig, MockVllm};
@@ -78,9 +81,14 @@ gpu = "gpu-a"
 
     /// `POST /v1/completions` with the test key and a JSON content type.
     pub fn complete(&self, body: &str) -> reqwest::RequestBuilder {
+        self.complete_as(&self.key, body)
+    }
+
+    /// `POST /v1/completions` with a JSON content type and `Authorization: Bearer {key}`.
+    pub fn complete_as(&self, key: &str, body: &str) -> reqwest::RequestBuilder {
         self.client
             .post(format!("{}/v1/completions", self.url))
-            .bearer_auth(&self.key)
+            .bearer_auth(key)
             .header("content-type", "application/json")
             .body(body.to_owned())
     }
@@ -130,8 +138,17 @@ pub async fn expect_error(
         .to_owned();
     let body: serde_json::Value = response.json().await.expect("a JSON error body");
     assert_eq!(body["error"]["code"], code, "error.code in {body}");
-    assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "message in {body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "message in {body}"
+    );
     assert!(body["error"]["type"].is_string(), "type in {body}");
-    assert_eq!(body["request_id"], header_id.as_str(), "request_id matches X-Request-Id");
+    assert_eq!(
+        body["request_id"],
+        header_id.as_str(),
+        "request_id matches X-Request-Id"
+    );
     body
 }

@@ -175,7 +175,10 @@ fn keys_unknown_and_duplicate() {
             r#"{"prompt":"hi","foo":1}"#,
             rej("foo", "Unknown field 'foo'"),
         ),
-        (r#"{"Prompt":"hi"}"#, rej("Prompt", "Unknown field 'Prompt'")),
+        (
+            r#"{"Prompt":"hi"}"#,
+            rej("Prompt", "Unknown field 'Prompt'"),
+        ),
         (r#"{"prompt":"hi","":1}"#, rej("", "Unknown field ''")),
         (
             r#"{"prompt":"hi","a\"b":1}"#,
