@@ -203,16 +203,15 @@ async fn stream_with_include_usage_ends_with_the_usage_frame_and_done() {
         serde_json::from_str(frames[frames.len() - 2].strip_prefix("data: ").unwrap()).unwrap();
     assert_eq!(usage["choices"], serde_json::json!([]));
     assert_eq!(usage["usage"]["completion_tokens"], 8);
-    let indices: std::collections::BTreeSet<u64> =
-        frames[..frames.len() - 2]
-            .iter()
-            .map(|f| {
-                serde_json::from_str::<serde_json::Value>(f.strip_prefix("data: ").unwrap())
+    let indices: std::collections::BTreeSet<u64> = frames[..frames.len() - 2]
+        .iter()
+        .map(|f| {
+            serde_json::from_str::<serde_json::Value>(f.strip_prefix("data: ").unwrap())
                     .unwrap()["choices"][0]["index"]
                     .as_u64()
                     .unwrap()
-            })
-            .collect();
+        })
+        .collect();
     assert_eq!(indices, [0, 1].into());
 }
 
