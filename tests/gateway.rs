@@ -216,6 +216,27 @@ async fn stream_with_include_usage_ends_with_the_usage_frame_and_done() {
 }
 
 #[tokio::test]
+async fn a_mid_stream_error_event_passes_through_unchanged() {
+    let gw = Gateway::start().await;
+    gw.mock
+        .set_failure(FailureMode::StreamError { after_chunks: 2 });
+    let response = gw
+        .complete(r#"{"model":"llama-8b","prompt":"Once","max_tokens":10,"stream":true}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let text = response.text().await.unwrap();
+    let frames: Vec<&str> = text.split("\n\n").filter(|f| !f.is_empty()).collect();
+    assert_eq!(frames.len(), 4, "{text}");
+    assert_eq!(
+        frames[2],
+        r#"data: {"error": {"message": "mock failure", "type": "BadRequestError", "param": null, "code": 400}}"#
+    );
+    assert_eq!(frames[3], "data: [DONE]");
+}
+
+#[tokio::test]
 async fn a_client_that_disconnects_cancels_the_upstream_request() {
     let gw = Gateway::start_with(
         MockConfig {

@@ -599,9 +599,10 @@ async fn ops_endpoints() {
 }
 
 #[tokio::test]
-async fn mid_stream_error_event_on_request() {
+async fn stream_error_mode_sends_a_mid_stream_error_event() {
     let mock = start(MockConfig::default()).await;
-    let request = json!({"prompt": "a", "max_tokens": 10, "stream": true, "vllm_xargs": {"mock_error_after": 2}});
+    mock.set_failure(FailureMode::StreamError { after_chunks: 2 });
+    let request = json!({"prompt": "a", "max_tokens": 10, "stream": true});
     let (status, body) = complete(&mock, request).await;
     assert_eq!(status, 200);
     let frames = frames(&body);

@@ -36,9 +36,9 @@ pub(crate) async fn handle(State(shared): State<Arc<Shared>>, request: Request) 
             return VllmError::internal().into_response();
         }
         FailureMode::CutStream { after_chunks } => Some(after_chunks),
-        FailureMode::None | FailureMode::Refuse => None,
+        FailureMode::None | FailureMode::Refuse | FailureMode::StreamError { .. } => None,
     };
-    let plan = match request::parse(
+    let mut plan = match request::parse(
         &shared.config,
         &shared.tokenizer,
         &received.headers,
@@ -50,6 +50,9 @@ pub(crate) async fn handle(State(shared): State<Arc<Shared>>, request: Request) 
             return e.into_response();
         }
     };
+    if let FailureMode::StreamError { after_chunks } = shared.failure() {
+        plan.error_after = Some(after_chunks);
+    }
     let meta = Meta {
         id: format!(
             "cmpl-{}",

@@ -1,4 +1,4 @@
-//! A simulated vLLM OpenAI-compatible server (see `/work/shared/vllm-protocol.md`), for the
+//! A simulated vLLM OpenAI-compatible server (see `shared/vllm-protocol.md`), for the
 //! gateway's tests and its `demo` command. It mimics vLLM 0.10.2–0.12 wire shapes:
 //! `POST /v1/completions` (stream and non-stream), `GET /v1/models`, `POST /tokenize`,
 //! `GET /health`, `GET /metrics`, FastAPI-style 404/405.
@@ -15,7 +15,6 @@
 //! - Engine-side checks (logprob limits, out-of-vocab ids, empty decoder prompt) answer
 //!   4xx JSON before the stream starts, as 0.12 does (≤0.11 sent an SSE error event).
 //! - `prompt_logprobs: -1` is accepted whatever `max_logprobs` is; its body is streamed.
-//! - `"vllm_xargs": {"mock_error_after": K}` makes a stream fail after K content chunks.
 
 mod body;
 mod completions;
@@ -80,6 +79,11 @@ pub enum FailureMode {
     /// Streams: send `after_chunks` SSE data frames, then drop the connection without
     /// `[DONE]`. Non-stream: send part of the body, then drop the connection.
     CutStream {
+        after_chunks: usize,
+    },
+    /// Streams: send `after_chunks` content frames, then vLLM's mid-stream error event
+    /// (HTTP status still 200) and `[DONE]`, as vLLM does when the engine fails mid-way.
+    StreamError {
         after_chunks: usize,
     },
 }

@@ -40,7 +40,7 @@ pub(crate) struct Plan {
     pub return_token_ids: bool,
     pub tokens_as_ids: bool,
     pub request_id: Option<String>,
-    /// `vllm_xargs.mock_error_after`: fail a stream after this many content chunks.
+    /// Set from [`FailureMode::StreamError`]: fail a stream after this many content chunks.
     pub error_after: Option<usize>,
 }
 
@@ -134,7 +134,6 @@ pub(crate) fn parse(
     let return_token_ids = f.bool("return_token_ids", true).unwrap_or(false);
     let tokens_as_ids = f.bool("return_tokens_as_token_ids", true).unwrap_or(false);
     let request_id = f.string("request_id");
-    let error_after = mock_error_after(&mut f);
     f.finish()?;
     let prompt = prompt.ok_or_else(|| VllmError::validation("[]"))?;
 
@@ -291,7 +290,7 @@ pub(crate) fn parse(
         return_token_ids,
         tokens_as_ids,
         request_id,
-        error_after,
+        error_after: None,
     })
 }
 
@@ -474,18 +473,6 @@ fn stream_options(f: &mut Fields) -> Option<(bool, bool)> {
         Ok(()) => Some((include, continuous)),
         Err(e) => {
             f.fail("stream_options", "model_type", e.message(), value);
-            None
-        }
-    }
-}
-
-/// `vllm_xargs: {"mock_error_after": K}` (int or numeric string).
-fn mock_error_after(f: &mut Fields) -> Option<usize> {
-    let value = f.raw("vllm_xargs")?.get("mock_error_after")?;
-    match lax_int(value) {
-        Ok(k) => usize::try_from(k).ok(),
-        Err((kind, msg)) => {
-            f.fail("vllm_xargs", kind, msg, value);
             None
         }
     }
