@@ -34,7 +34,66 @@ pub struct Config {
     pub log_format: LogFormat,
     #[serde(default)]
     pub upstream: UpstreamSettings,
+    /// Default per-key limits; a key may override each of them.
+    #[serde(default)]
+    pub limits: LimitDefaults,
+    /// Shared live counters for several replicas (`redis://host:6379/0`). Without it the
+    /// counters live in this process, which is exact for a single replica only.
+    #[serde(default)]
+    pub redis_url: Option<String>,
+    /// Prefix of every Redis key fleetgate writes, so deployments can share a server.
+    #[serde(default = "default_redis_key_prefix")]
+    pub redis_key_prefix: String,
+    /// Bearer token for the `/admin` API; without it the admin API is off (404).
+    #[serde(default)]
+    pub admin_token: Option<AdminToken>,
     pub models: Vec<ModelConfig>,
+}
+
+/// Limits every key gets unless it overrides them.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitDefaults {
+    /// Prompt + completion tokens per calendar month (UTC), reset on the 1st.
+    #[serde(default = "default_monthly_budget")]
+    pub monthly_budget_tokens: u64,
+    /// Request starts per minute (bursts up to this many allowed).
+    #[serde(default = "default_rpm")]
+    pub requests_per_minute: u32,
+    /// Requests running at once per key.
+    #[serde(default = "default_max_concurrent")]
+    pub max_concurrent: u32,
+    /// Requests waiting per key beyond the running ones; more get 429 `queue_full`.
+    #[serde(default = "default_max_queued")]
+    pub max_queued: u32,
+}
+
+impl Default for LimitDefaults {
+    fn default() -> Self {
+        Self {
+            monthly_budget_tokens: default_monthly_budget(),
+            requests_per_minute: default_rpm(),
+            max_concurrent: default_max_concurrent(),
+            max_queued: default_max_queued(),
+        }
+    }
+}
+
+/// The admin API's bearer token; never printed.
+#[derive(Clone, Deserialize)]
+#[serde(transparent)]
+pub struct AdminToken(String);
+
+impl AdminToken {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(…)")
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
@@ -110,6 +169,21 @@ fn default_pool_idle_timeout_ms() -> u64 {
 fn default_max_logprobs() -> u32 {
     20
 }
+fn default_monthly_budget() -> u64 {
+    10_000_000
+}
+fn default_rpm() -> u32 {
+    600
+}
+fn default_max_concurrent() -> u32 {
+    16
+}
+fn default_max_queued() -> u32 {
+    64
+}
+fn default_redis_key_prefix() -> String {
+    "fleetgate".to_owned()
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -152,6 +226,14 @@ impl Config {
         }
         if self.max_body_bytes == 0 {
             return invalid("max_body_bytes must be at least 1".into());
+        }
+        if self.limits.requests_per_minute == 0 || self.limits.max_concurrent == 0 {
+            return invalid(
+                "limits.requests_per_minute and limits.max_concurrent must be at least 1".into(),
+            );
+        }
+        if self.admin_token.as_ref().is_some_and(|t| t.0.len() < 16) {
+            return invalid("admin_token must be at least 16 characters".into());
         }
         let mut ids = HashSet::new();
         for model in &self.models {

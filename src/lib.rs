@@ -1,5 +1,6 @@
 //! fleetgate: a strict, metering HTTP gateway in front of a fleet of vLLM servers.
 
+pub mod admission;
 pub mod app;
 pub mod cli;
 pub mod completion;

@@ -540,6 +540,22 @@ async fn every_framework_error_is_an_envelope() {
             .unwrap()
             .contains("application/json")
     );
+    let r = gw
+        .client
+        .post(format!("{}/v1/completions", gw.url))
+        .bearer_auth(&gw.key)
+        .body(r#"{"prompt":"Hi"}"#)
+        .send()
+        .await
+        .unwrap();
+    let error = expect_error(r, 400, "invalid_request").await;
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("got none")
+    );
+    assert!(gw.upstream_completions().is_empty());
 }
 
 #[tokio::test]

@@ -39,6 +39,15 @@ pub struct KeyRecord {
     pub revoked_at: Option<i64>,
 }
 
+/// A key's own limits; `None` means the configured default applies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LimitOverrides {
+    pub monthly_budget: Option<u64>,
+    pub requests_per_minute: Option<u32>,
+    pub max_concurrent: Option<u32>,
+    pub max_queued: Option<u32>,
+}
+
 impl KeyRecord {
     /// Whether requests may still use this key.
     pub fn is_active(&self) -> bool {
