@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::middleware;
+use tokio_util::task::TaskTracker;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::compression::CompressionLayer;
 use tower_http::trace::TraceLayer;
@@ -12,6 +13,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use utoipa_swagger_ui::SwaggerUi;
 
+use crate::admission::Limiter;
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::fleet::Fleet;
@@ -19,13 +21,18 @@ use crate::http::{auth, envelope, fallback};
 use crate::openapi::ApiDoc;
 use crate::store::Store;
 use crate::upstream::UpstreamClient;
-use crate::{completion, health, models};
+use crate::{admin, completion, health, models, usage};
 
 #[derive(Clone)]
 pub struct AppState(Arc<Inner>);
 
 struct Inner {
     config: Config,
+    /// Live per-key counters: rate, slots, queue, budget reservations.
+    limiter: Arc<dyn Limiter>,
+    /// Work that must finish even when its request is gone (settling, leaving a queue);
+    /// waited for on shutdown.
+    tasks: TaskTracker,
     /// Keys (and later usage): SQLite or PostgreSQL.
     store: Arc<dyn Store>,
     /// Models and their upstreams.
@@ -35,11 +42,13 @@ struct Inner {
 }
 
 impl AppState {
-    pub fn new(config: Config, store: Arc<dyn Store>) -> anyhow::Result<Self> {
+    pub fn new(config: Config, store: Arc<dyn Store>, limiter: Arc<dyn Limiter>) -> anyhow::Result<Self> {
         let upstream = UpstreamClient::new(&config.upstream)?;
         let fleet = Fleet::new(&config);
         Ok(Self(Arc::new(Inner {
             config,
+            limiter,
+            tasks: TaskTracker::new(),
             store,
             fleet,
             upstream,
@@ -57,6 +66,16 @@ impl AppState {
     }
     pub fn upstream(&self) -> &UpstreamClient {
         &self.0.upstream
+    }
+    pub fn limiter(&self) -> &dyn Limiter {
+        self.0.limiter.as_ref()
+    }
+    /// An owned handle on the limiter, for work that outlives the request.
+    pub fn limiter_handle(&self) -> Arc<dyn Limiter> {
+        Arc::clone(&self.0.limiter)
+    }
+    pub fn tasks(&self) -> &TaskTracker {
+        &self.0.tasks
     }
 
     /// Learns what every upstream serves, so the first requests need not wait for it.
@@ -77,12 +96,14 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(completion::create_completion))
         .routes(routes!(completion::chat::chat_completions))
         .routes(routes!(models::list_models))
+        .routes(routes!(usage::own_usage))
 }
 
 /// Every documented route, for the OpenAPI document.
 pub fn api_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(v1_routes())
+        .merge(admin::admin_routes())
         .routes(routes!(health::health))
 }
 
@@ -92,6 +113,9 @@ pub fn build_router(state: AppState) -> Router {
             state.clone(),
             auth::require_key,
         ))
+        .split_for_parts();
+    let (admin, _) = admin::admin_routes()
+        .route_layer(middleware::from_fn_with_state(state.clone(), admin::require_admin))
         .split_for_parts();
     let (open, _) = OpenApiRouter::new()
         .routes(routes!(health::health))
@@ -106,6 +130,7 @@ pub fn build_router(state: AppState) -> Router {
     // - catch-panic turns a panic into a 500 that the envelope then renders.
     Router::new()
         .merge(v1)
+        .merge(admin)
         .merge(open)
         .merge(swagger)
         .fallback(fallback::not_found)

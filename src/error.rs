@@ -4,6 +4,7 @@
 //! body `{"error":{…},"request_id":…}`. No handler builds error JSON by hand.
 
 use std::borrow::Cow;
+use std::time::Duration;
 
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -38,6 +39,8 @@ pub enum ApiError {
     Unauthorized(&'static str),
     #[error("No route for {method} {path}.")]
     NotFound { method: String, path: String },
+    #[error("No key with id or prefix '{0}'.")]
+    KeyNotFound(String),
     #[error("Method {method} is not allowed on {path}.")]
     MethodNotAllowed { method: String, path: String },
     #[error("The request body is larger than the limit of {limit} bytes.")]
@@ -52,6 +55,30 @@ pub enum ApiError {
     /// No upstream could be reached (refused, reset, DNS, no healthy node).
     #[error("{0}")]
     UpstreamUnavailable(String),
+    #[error("This key started more than {rpm} requests per minute. Retry after {} s.", retry_after_secs(.retry_after))]
+    RateLimited { rpm: u32, retry_after: Duration },
+    #[error("This key has {running} requests running and {queued} waiting, the most allowed. Retry shortly.")]
+    QueueFull {
+        running: u32,
+        queued: u32,
+        retry_after: Duration,
+    },
+    #[error(
+        "This key's monthly budget of {budget} tokens is used up for {month} ({used} used, {reserved} reserved by running requests; this request needs at least {needed}). It resets at 00:00 UTC on the 1st."
+    )]
+    BudgetExceeded {
+        budget: u64,
+        used: u64,
+        reserved: u64,
+        needed: u64,
+        month: String,
+        /// Until the budget resets.
+        retry_after: Duration,
+    },
+    /// The shared admission counters cannot be reached; requests are refused rather
+    /// than run unmetered.
+    #[error("Admission control is unavailable right now, so no request can start. Retry shortly.")]
+    AdmissionUnavailable,
     /// Something on our side failed; the details go to the log, not to the client.
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
@@ -93,10 +120,14 @@ impl ApiError {
             | Self::ChatCompletionsUnsupported
             | Self::FullVocabPromptTooLong { .. } => StatusCode::BAD_REQUEST,
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            Self::NotFound { .. } => StatusCode::NOT_FOUND,
+            Self::NotFound { .. } | Self::KeyNotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UpstreamRejected { status, .. } => *status,
+            Self::RateLimited { .. } | Self::QueueFull { .. } | Self::BudgetExceeded { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
+            Self::AdmissionUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::UpstreamUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -111,10 +142,15 @@ impl ApiError {
             Self::FullVocabPromptTooLong { .. } => "full_vocab_prompt_too_long",
             Self::Unauthorized(_) => "invalid_api_key",
             Self::NotFound { .. } => "not_found",
+            Self::KeyNotFound(_) => "key_not_found",
             Self::MethodNotAllowed { .. } => "method_not_allowed",
             Self::PayloadTooLarge { .. } => "request_too_large",
             Self::UpstreamRejected { kind, .. } => kind,
             Self::UpstreamUnavailable(_) => "upstream_unavailable",
+            Self::RateLimited { .. } => "rate_limited",
+            Self::QueueFull { .. } => "queue_full",
+            Self::BudgetExceeded { .. } => "budget_exceeded",
+            Self::AdmissionUnavailable => "admission_unavailable",
             Self::Internal(_) => "internal_error",
         }
     }
@@ -145,6 +181,12 @@ impl ApiError {
     }
 }
 
+/// Whole seconds for `Retry-After`, rounded up, at least 1.
+fn retry_after_secs(wait: &Duration) -> u64 {
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    secs.max(1)
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         if let Self::Internal(err) = &self {
@@ -168,6 +210,17 @@ impl IntoResponse for ApiError {
                     X_UPSTREAM_ERROR_KIND,
                     HeaderValue::from_static("upstream_unavailable"),
                 );
+                headers.insert(http::header::RETRY_AFTER, UPSTREAM_RETRY_AFTER_SECS.into());
+            }
+            Self::RateLimited { retry_after, .. } | Self::QueueFull { retry_after, .. } => {
+                headers.insert(http::header::RETRY_AFTER, retry_after_secs(retry_after).into());
+            }
+            Self::BudgetExceeded { retry_after, .. } => {
+                // Retrying cannot help before the month turns; say so to SDKs that retry.
+                headers.insert(http::header::RETRY_AFTER, retry_after_secs(retry_after).into());
+                headers.insert(X_SHOULD_RETRY, HeaderValue::from_static("false"));
+            }
+            Self::AdmissionUnavailable => {
                 headers.insert(http::header::RETRY_AFTER, UPSTREAM_RETRY_AFTER_SECS.into());
             }
             _ => {}

@@ -1,5 +1,6 @@
 //! fleetgate: a strict, metering HTTP gateway in front of a fleet of vLLM servers.
 
+pub mod admin;
 pub mod admission;
 pub mod app;
 pub mod cli;
@@ -17,3 +18,4 @@ pub mod openapi;
 pub mod server;
 pub mod store;
 pub mod upstream;
+pub mod usage;

@@ -21,7 +21,9 @@ use utoipa::{Modify, OpenApi, ToSchema};
     tags(
         (name = "completions", description = "Text completions against base models."),
         (name = "models", description = "The models this deployment serves."),
+        (name = "usage", description = "The calling key's budget and limits."),
         (name = "ops", description = "Health."),
+        (name = "admin", description = "Key management, with the admin token (`admin_token` in the config). Not part of the client API."),
     )
 )]
 pub struct ApiDoc;
@@ -34,6 +36,15 @@ impl Modify for BearerAuth {
         components.add_security_scheme(
             "bearer",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+        components.add_security_scheme(
+            "admin",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some("The admin token from the configuration."))
+                    .build(),
+            ),
         );
     }
 }

@@ -2,7 +2,13 @@
 
 use std::future::Future;
 
+use std::sync::Arc;
+
 use tokio::net::TcpListener;
+
+use crate::admission::ledger::LedgerUsage;
+use crate::admission::local::LocalLimiter;
+use crate::admission::{Limiter, UsageSource};
 
 use crate::app::{AppState, build_router};
 use crate::config::{Config, LogFormat};
@@ -23,10 +29,13 @@ pub fn init_logging(format: LogFormat) {
     };
 }
 
-/// Opens the store named by the config and builds the application state.
+/// Opens the store named by the config, sets up the live counters (Redis when
+/// configured, else in process) and builds the application state.
 pub async fn prepare(config: Config) -> anyhow::Result<AppState> {
     let store = crate::store::connect(&config.database_url).await?;
-    AppState::new(config, store)
+    let ledger: Arc<dyn UsageSource> = Arc::new(LedgerUsage(Arc::clone(&store)));
+    let limiter: Arc<dyn Limiter> = Arc::new(LocalLimiter::new(ledger));
+    AppState::new(config, store, limiter)
 }
 
 /// Serves on `listener` until `shutdown` resolves, then lets in-flight requests finish.
@@ -36,6 +45,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     state.discover_upstreams().await;
+    let tasks = state.tasks().clone();
     let router = build_router(state);
     axum::serve(
         listener,
@@ -43,6 +53,9 @@ pub async fn serve(
     )
     .with_graceful_shutdown(shutdown)
     .await?;
+    // Settlements of the last requests (ledger rows, released slots).
+    tasks.close();
+    tasks.wait().await;
     Ok(())
 }
 

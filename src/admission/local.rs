@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use tokio::sync::{Notify, OnceCell};
+use tokio::sync::{Notify, OnceCell, watch};
 
 use super::{Admitted, Cost, Denial, Grant, KeyLimits, Lease, Limiter, Month, Usage, UsageSource};
 
@@ -15,6 +15,8 @@ const QUEUE_FULL_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 pub struct LocalLimiter {
     keys: Mutex<HashMap<i64, KeyState>>,
+    /// Bumped whenever a slot or queue place changes hands (see [`LocalLimiter::changes`]).
+    changes: watch::Sender<u64>,
     /// Counters seeded from the ledger, once per key and month.
     seeds: Mutex<HashMap<(i64, Month), Arc<OnceCell<()>>>>,
     source: Arc<dyn UsageSource>,
@@ -36,9 +38,20 @@ impl LocalLimiter {
     pub fn new(source: Arc<dyn UsageSource>) -> Self {
         Self {
             keys: Mutex::new(HashMap::new()),
+            changes: watch::Sender::new(0),
             seeds: Mutex::new(HashMap::new()),
             source,
         }
+    }
+
+    /// A receiver that sees every change of slots and queues: lets a caller wait for an
+    /// occupancy (tests, diagnostics) without polling.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    fn changed(&self) {
+        self.changes.send_modify(|n| *n += 1);
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<i64, KeyState>> {
@@ -154,18 +167,19 @@ impl Limiter for LocalLimiter {
         let mut keys = self.lock();
         let state = keys.entry(key).or_default();
         state.check_rate(limits.requests_per_minute, Instant::now())?;
-        if state.queue.is_empty() && state.has_free_slot(limits) {
-            return state
-                .start(limits, cost, lease, month)
-                .map(Admitted::Running);
-        }
-        if state.queue.len() >= limits.max_queued as usize {
-            return Err(Denial::QueueFull {
+        let admitted = if state.queue.is_empty() && state.has_free_slot(limits) {
+            state.start(limits, cost, lease, month).map(Admitted::Running)
+        } else if state.queue.len() >= limits.max_queued as usize {
+            Err(Denial::QueueFull {
                 retry_after: QUEUE_FULL_RETRY_AFTER,
-            });
-        }
-        state.queue.push_back(lease.to_owned());
-        Ok(Admitted::Queued)
+            })
+        } else {
+            state.queue.push_back(lease.to_owned());
+            Ok(Admitted::Queued)
+        };
+        drop(keys);
+        self.changed();
+        admitted
     }
 
     async fn wait_turn(
@@ -187,6 +201,8 @@ impl Limiter for LocalLimiter {
                     let started = state.start(limits, cost, lease, month);
                     // The next in line may start too (or learn it is now first).
                     state.wake.notify_waiters();
+                    drop(keys);
+                    self.changed();
                     return started;
                 }
                 Arc::clone(&state.wake)
@@ -214,6 +230,8 @@ impl Limiter for LocalLimiter {
             state.queue.retain(|l| l != lease);
             state.wake.notify_waiters();
         }
+        drop(keys);
+        self.changed();
         Ok(())
     }
 
@@ -233,6 +251,8 @@ impl Limiter for LocalLimiter {
         usage.reserved = usage.reserved.saturating_sub(grant.reserved);
         usage.used = usage.used.saturating_add(used_tokens);
         state.wake.notify_waiters();
+        drop(keys);
+        self.changed();
         Ok(())
     }
 

@@ -1,24 +1,33 @@
 //! `POST /v1/completions`: parse → plan → forward → relay.
 
+pub mod admit;
 pub mod chat;
+pub mod meter;
 pub mod plan;
 pub mod relay;
 pub mod request;
+pub mod settle;
 
 use axum::body::Body;
+use axum::Extension;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 
+use crate::admission::KeyLimits;
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::fleet::{Served, Upstream};
+use crate::http::auth::Caller;
 use crate::http::body::{read_limited, require_json};
+use crate::http::envelope::RequestId;
 use plan::Planner;
 use request::CompletionRequest;
+use settle::Settlement;
 
 pub const X_UPSTREAM_MODEL: HeaderName = HeaderName::from_static("x-acs-upstream-model");
 pub const X_UPSTREAM_GPU: HeaderName = HeaderName::from_static("x-acs-upstream-gpu");
+pub const X_MAX_TOKENS_CLAMPED: HeaderName = HeaderName::from_static("x-acs-max-tokens-clamped");
 
 #[utoipa::path(
     post,
@@ -55,6 +64,8 @@ pub const X_UPSTREAM_GPU: HeaderName = HeaderName::from_static("x-acs-upstream-g
 )]
 pub async fn create_completion(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Extension(request_id): Extension<RequestId>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -68,7 +79,13 @@ pub async fn create_completion(
     let served = state.upstream().discover(&upstream).await;
     let tags = upstream_tags(&upstream, served.as_deref().ok());
     let result = match served {
-        Ok(served) => forward(&state, &request, &upstream, &served).await,
+        Ok(served) => {
+            let target = Target {
+                upstream: &upstream,
+                served: &served,
+            };
+            forward(&state, &caller, &request_id.0, &request, target).await
+        }
         Err(err) => Err(err.into()),
     };
     let mut response = result.unwrap_or_else(IntoResponse::into_response);
@@ -76,23 +93,61 @@ pub async fn create_completion(
     Ok(response)
 }
 
+/// The upstream chosen for a request and what it serves.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    upstream: &'a Upstream,
+    served: &'a Served,
+}
+
+/// plan → admit → forward → relay.
 async fn forward(
     state: &AppState,
+    caller: &Caller,
+    request_id: &str,
     request: &CompletionRequest<'_>,
-    upstream: &Upstream,
-    served: &Served,
+    target: Target<'_>,
 ) -> Result<Response, ApiError> {
     let client = state.upstream();
     let plan = Planner {
         client,
-        upstream,
-        served,
+        upstream: target.upstream,
+        served: target.served,
     }
     .plan(request)
     .await?;
-    let body = request.upstream_body(&served.name, plan.injected_max_tokens);
-    let response = client.send_completion(upstream, body.into()).await?;
-    relay::relay(response).await
+    let limits = KeyLimits::resolve(&state.config().limits, &caller.limits);
+    let grant = admit::admit(state, caller.key_id, &limits, &plan.cost, request_id).await?;
+    let mut settlement = Settlement::new(
+        state.clone(),
+        caller.key_id,
+        request_id.to_owned(),
+        grant,
+        plan.cost.prompt_tokens,
+    );
+    let applied = settlement.grant().max_tokens;
+    let clamped = applied < plan.cost.max_tokens;
+    let send_max_tokens = (clamped || plan.default_max_tokens).then_some(applied);
+    let body = request.upstream_body(&target.served.name, send_max_tokens);
+    let upstream = match client.send_completion(target.upstream, body.into()).await {
+        Ok(upstream) => upstream,
+        Err(err) => {
+            settlement.charge_nothing();
+            return Err(err.into());
+        }
+    };
+    let mut response = relay::relay(upstream, settlement, request.include_usage()).await?;
+    if clamped {
+        let source = if plan.default_max_tokens { "default" } else { "client" };
+        let value = format!(
+            "requested={},applied={applied},reason=budget,source={source}",
+            plan.cost.max_tokens
+        );
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            response.headers_mut().insert(X_MAX_TOKENS_CLAMPED, value);
+        }
+    }
+    Ok(response)
 }
 
 /// `X-Acs-Upstream-Model` / `X-Acs-Upstream-Gpu`: which backend served (or failed); the

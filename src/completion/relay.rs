@@ -1,22 +1,47 @@
 //! Relaying the upstream's answer: status and body pass through byte for byte and
-//! unbuffered (SSE frames are forwarded as they arrive); an error status is wrapped in
-//! our envelope instead.
+//! unbuffered (SSE frames are forwarded as they complete), metered on the way; an
+//! error status is wrapped in our envelope instead. The request's slot is held until
+//! the last byte is relayed or the client goes away.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use axum::body::Body;
 use axum::http::header;
 use axum::response::Response;
+use bytes::Bytes;
+use futures_util::Stream;
 
+use crate::completion::meter::Meter;
+use crate::completion::settle::Settlement;
 use crate::error::ApiError;
 use crate::upstream::upstream_rejection;
 
 /// Response headers worth keeping from the upstream; everything else is hop-by-hop or
-/// the upstream server's own business.
-const KEPT_HEADERS: [header::HeaderName; 2] = [header::CONTENT_TYPE, header::CONTENT_LENGTH];
+/// the upstream server's own business. (Content-Length is not kept: dropping the
+/// usage frame of a stream changes the length.)
+const KEPT_HEADERS: [header::HeaderName; 1] = [header::CONTENT_TYPE];
 
-pub async fn relay(upstream: reqwest::Response) -> Result<Response, ApiError> {
+/// `forward_usage`: whether the client asked for a stream's usage-only frame.
+pub async fn relay(
+    upstream: reqwest::Response,
+    mut settlement: Settlement,
+    forward_usage: bool,
+) -> Result<Response, ApiError> {
     if !upstream.status().is_success() {
+        settlement.charge_nothing();
         return Err(upstream_rejection(upstream).await);
     }
+    let is_sse = upstream
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    settlement.meter = if is_sse {
+        Meter::sse(forward_usage)
+    } else {
+        Meter::json()
+    };
     let mut response = Response::builder().status(upstream.status());
     for name in KEPT_HEADERS {
         if let Some(value) = upstream.headers().get(&name) {
@@ -24,8 +49,55 @@ pub async fn relay(upstream: reqwest::Response) -> Result<Response, ApiError> {
         }
     }
     // Dropping this body (the client went away) drops the upstream response, which
-    // closes its connection, and vLLM aborts the generation.
+    // closes its connection, and vLLM aborts the generation; the settlement charges
+    // what was relayed so far.
+    let body = Metered {
+        inner: Box::pin(upstream.bytes_stream()),
+        settlement,
+        ended: false,
+    };
     response
-        .body(Body::from_stream(upstream.bytes_stream()))
+        .body(Body::from_stream(body))
         .map_err(ApiError::internal)
+}
+
+type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+
+struct Metered {
+    inner: ByteStream,
+    settlement: Settlement,
+    ended: bool,
+}
+
+impl Stream for Metered {
+    type Item = reqwest::Result<Bytes>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        loop {
+            match this.inner.as_mut().poll_next(cx) {
+                Poll::Ready(Some(Ok(chunk))) => {
+                    let out = this.settlement.meter.feed(chunk);
+                    if !out.is_empty() {
+                        return Poll::Ready(Some(Ok(out)));
+                    }
+                }
+                Poll::Ready(Some(Err(err))) => {
+                    this.ended = true;
+                    this.settlement.settle();
+                    return Poll::Ready(Some(Err(err)));
+                }
+                Poll::Ready(None) => {
+                    this.ended = true;
+                    let rest = this.settlement.meter.finish();
+                    this.settlement.settle();
+                    return Poll::Ready((!rest.is_empty()).then_some(Ok(rest)));
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
 }

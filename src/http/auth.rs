@@ -10,12 +10,16 @@ use axum::response::Response;
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::keys;
+use crate::store::LimitOverrides;
 
 /// The authenticated caller, available to handlers as an extension.
 #[derive(Debug, Clone)]
 pub struct Caller {
     pub key_id: i64,
     pub key_prefix: String,
+    pub email: Option<String>,
+    /// The key's own limits over the configured defaults.
+    pub limits: LimitOverrides,
 }
 
 pub async fn require_key(
@@ -61,6 +65,8 @@ async fn authenticate(state: &AppState, headers: &http::HeaderMap) -> Result<Cal
             Ok(Caller {
                 key_id: record.id,
                 key_prefix: record.prefix,
+                email: record.email,
+                limits: record.limits,
             })
         }
         _ => Err(invalid),

@@ -6,7 +6,14 @@
     reason = "each test binary uses a different part of the harness"
 )]
 
+use std::sync::Arc;
+
+use fleetgate::admission::Limiter;
+use fleetgate::admission::ledger::LedgerUsage;
+use fleetgate::admission::local::LocalLimiter;
+use fleetgate::app::AppState;
 use fleetgate::config::Config;
+use fleetgate::store::LimitOverrides;
 use fleetgate::mock_vllm::{MockConfig, MockVllm};
 use fleetgate::server;
 use tokio::sync::oneshot;
@@ -17,6 +24,8 @@ pub const CHECKPOINT: &str = "meta-llama/Llama-3.1-8B";
 pub struct Gateway {
     pub url: String,
     pub key: String,
+    pub state: AppState,
+    pub limiter: Arc<LocalLimiter>,
     pub mock: MockVllm,
     pub client: reqwest::Client,
     shutdown: Option<oneshot::Sender<()>>,
@@ -60,18 +69,26 @@ gpu = "gpu-a"
 
     pub async fn start_config(mock: MockVllm, toml: &str, dir: tempfile::TempDir) -> Self {
         let config = Config::from_toml(toml).unwrap();
-        let state = server::prepare(config).await.unwrap();
+        let store = fleetgate::store::connect(&config.database_url).await.unwrap();
+        let limiter = Arc::new(LocalLimiter::new(Arc::new(LedgerUsage(Arc::clone(&store)))));
+        let state = AppState::new(config, store, limiter.clone()).unwrap();
         let key = fleetgate::keys::generate();
-        state.store().create_key("test", None, &key).await.unwrap();
+        state
+            .store()
+            .create_key("test", None, &key, &LimitOverrides::default())
+            .await
+            .unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (tx, rx) = oneshot::channel();
-        tokio::spawn(server::serve(state, listener, async {
+        tokio::spawn(server::serve(state.clone(), listener, async {
             let _ = rx.await;
         }));
         Self {
             url,
             key: key.secret.expose().to_owned(),
+            state,
+            limiter,
             mock,
             client: reqwest::Client::builder().no_gzip().build().unwrap(),
             shutdown: Some(tx),
@@ -97,6 +114,50 @@ gpu = "gpu-a"
         self.client
             .get(format!("{}{path}", self.url))
             .bearer_auth(&self.key)
+    }
+
+    /// A new key with its own limits: (id, secret).
+    pub async fn create_key(&self, limits: LimitOverrides) -> (i64, String) {
+        let key = fleetgate::keys::generate();
+        let record = self
+            .state
+            .store()
+            .create_key("limited", None, &key, &limits)
+            .await
+            .unwrap();
+        (record.id, key.secret.expose().to_owned())
+    }
+
+    /// Waits (on the limiter's change notifications, bounded) until the key has this
+    /// many requests running and waiting.
+    pub async fn wait_occupancy(&self, key_id: i64, running: u32, queued: u32) {
+        let mut changes = self.limiter.changes();
+        let reached = async {
+            loop {
+                if self.limiter.occupancy(key_id).await.unwrap() == (running, queued) {
+                    return;
+                }
+                changes.changed().await.unwrap();
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(10), reached)
+            .await
+            .unwrap_or_else(|_| {
+                panic!("occupancy never reached ({running} running, {queued} queued)")
+            });
+    }
+
+    /// `GET /v1/usage` for a key.
+    pub async fn usage(&self, key: &str) -> serde_json::Value {
+        let response = self
+            .client
+            .get(format!("{}/v1/usage", self.url))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        response.json().await.unwrap()
     }
 
     pub fn db_path(&self) -> std::path::PathBuf {

@@ -184,7 +184,9 @@ impl<'a> CompletionRequest<'a> {
     /// - keys whose value is `null` are dropped (vLLM fails on some explicit nulls:
     ///   `max_tokens: null` → 500, `n: null` → 400);
     /// - `prompt: ""` is sent as `[""]` (vLLM ≥ 0.10.2 rejects `""`, while `[""]`
-    ///   tokenizes to BOS alone, as the contract promises for `""`).
+    ///   tokenizes to BOS alone, as the contract promises for `""`);
+    /// - a stream always asks for `stream_options.include_usage: true`, so it can be
+    ///   metered (the relay drops the usage frame again when the client did not ask).
     pub fn upstream_body(&self, served_model: &str, injected_max_tokens: Option<u64>) -> Vec<u8> {
         let served_model = serde_json::Value::from(served_model).to_string();
         let capacity = self
@@ -209,14 +211,42 @@ impl<'a> CompletionRequest<'a> {
                 }
                 _ if raw::is_null(value) => {}
                 (Field::Prompt, _) if value.get() == r#""""# => out.entry(field, br#"[""]"#),
+                (Field::StreamOptions, _) if self.stream => {
+                    out.entry(field, &stream_options_with_usage(value));
+                }
                 _ => out.raw_entry(field, value.get()),
             }
         }
         if let (Some(max_tokens), false) = (injected_max_tokens, max_tokens_written) {
             out.entry(Field::MaxTokens, max_tokens.to_string().as_bytes());
         }
+        let has_stream_options = self
+            .raw
+            .iter()
+            .any(|(field, value)| *field == Field::StreamOptions && !raw::is_null(value));
+        if self.stream && !has_stream_options {
+            out.entry(Field::StreamOptions, br#"{"include_usage":true}"#);
+        }
         out.finish()
     }
+}
+
+/// The client's `stream_options` with `include_usage` set to true, other keys kept.
+fn stream_options_with_usage(value: &RawValue) -> Vec<u8> {
+    let mut out = br#"{"include_usage":true"#.to_vec();
+    // Validated in `parse`: an object whose keys are known stream options.
+    if let Ok(entries) = raw::object_entries(value.get().as_bytes()) {
+        for (key, value) in entries.0 {
+            if key != "include_usage" {
+                out.push(b',');
+                out.extend_from_slice(serde_json::Value::from(key.as_ref()).to_string().as_bytes());
+                out.push(b':');
+                raw::push_compact(&mut out, value.get());
+            }
+        }
+    }
+    out.push(b'}');
+    out
 }
 
 /// A compact JSON object under construction.

@@ -21,6 +21,11 @@ pub enum Prompt {
 }
 
 impl Prompt {
+    /// Text (one string or a batch of them), as opposed to token ids.
+    pub fn is_text(&self) -> bool {
+        matches!(self, Self::Text(_) | Self::TextBatch(_))
+    }
+
     /// How many prompts the request carries: 1 for a single string or a single token
     /// list, the list length for a batch.
     pub fn count(&self) -> u64 {

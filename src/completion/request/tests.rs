@@ -1360,3 +1360,23 @@ fn upstream_writes_escaped_keys_plainly() {
         r#"{"model":"m","prompt":"hi","max_tokens":3}"#,
     );
 }
+
+#[test]
+fn upstream_streams_always_ask_for_usage() {
+    assert_eq!(
+        upstream(r#"{"prompt":"hi","stream":true}"#, "m", Some(5)),
+        r#"{"model":"m","prompt":"hi","stream":true,"max_tokens":5,"stream_options":{"include_usage":true}}"#,
+    );
+    assert_eq!(
+        upstream(
+            r#"{"prompt":"hi","stream":true,"stream_options":{"continuous_usage_stats":true, "include_usage":false},"max_tokens":3}"#,
+            "m",
+            None
+        ),
+        r#"{"model":"m","prompt":"hi","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true},"max_tokens":3}"#,
+    );
+    assert_eq!(
+        upstream(r#"{"prompt":"hi","stream":false,"max_tokens":3}"#, "m", None),
+        r#"{"model":"m","prompt":"hi","stream":false,"max_tokens":3}"#,
+    );
+}

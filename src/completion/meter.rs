@@ -1,0 +1,266 @@
+//! Metering a response while relaying it, without re-shaping it.
+//!
+//! - **SSE**: the upstream is always asked for `include_usage`, so its usage-only frame
+//!   (`"choices":[]`) tells the real totals. The frame is dropped when the client did not
+//!   ask for it; every other byte passes unchanged, frame by frame as each completes.
+//!   Content frames are counted too, so a stream cut short (client gone, upstream died)
+//!   is still charged what was generated.
+//! - **JSON**: vLLM puts `usage` at the end of the body; the last few KiB are kept and
+//!   read when the body ends. Memory stays bounded whatever the body size.
+
+use std::collections::HashMap;
+
+use bytes::{Bytes, BytesMut};
+use serde::Deserialize;
+
+/// A frame longer than this without its terminator is passed through unread.
+const MAX_FRAME: usize = 1 << 20;
+/// How much of a JSON body's end is kept to find `usage` in.
+const JSON_TAIL: usize = 16 * 1024;
+
+/// Token counts as the upstream reported them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub struct Counts {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+}
+
+pub enum Meter {
+    Sse(SseMeter),
+    Json(JsonMeter),
+}
+
+pub struct SseMeter {
+    /// Whether the client asked for the usage-only frame.
+    forward_usage: bool,
+    pending: BytesMut,
+    usage: Option<Counts>,
+    /// Tokens seen per choice index (from logprobs, running usage, or one per frame).
+    generated: HashMap<u64, u64>,
+}
+
+#[derive(Default)]
+pub struct JsonMeter {
+    tail: Vec<u8>,
+}
+
+#[derive(Deserialize)]
+struct Chunk {
+    #[serde(default)]
+    choices: Vec<ChunkChoice>,
+    #[serde(default)]
+    usage: Option<Counts>,
+}
+
+#[derive(Deserialize)]
+struct ChunkChoice {
+    #[serde(default)]
+    index: u64,
+    #[serde(default)]
+    logprobs: Option<ChunkLogprobs>,
+}
+
+#[derive(Deserialize)]
+struct ChunkLogprobs {
+    #[serde(default)]
+    tokens: Vec<serde::de::IgnoredAny>,
+}
+
+impl Meter {
+    pub fn sse(forward_usage: bool) -> Self {
+        Self::Sse(SseMeter {
+            forward_usage,
+            pending: BytesMut::new(),
+            usage: None,
+            generated: HashMap::new(),
+        })
+    }
+
+    pub fn json() -> Self {
+        Self::Json(JsonMeter::default())
+    }
+
+    /// Takes bytes from the upstream; returns the bytes for the client (possibly empty
+    /// while a frame is incomplete).
+    pub fn feed(&mut self, chunk: Bytes) -> Bytes {
+        match self {
+            Self::Sse(sse) => sse.feed(chunk),
+            Self::Json(json) => {
+                json.keep(&chunk);
+                chunk
+            }
+        }
+    }
+
+    /// At the end of the upstream body: whatever is still held back.
+    pub fn finish(&mut self) -> Bytes {
+        match self {
+            Self::Sse(sse) => sse.pending.split().freeze(),
+            Self::Json(_) => Bytes::new(),
+        }
+    }
+
+    /// The usage the upstream reported, if it got that far.
+    pub fn reported(&self) -> Option<Counts> {
+        match self {
+            Self::Sse(sse) => sse.usage,
+            Self::Json(json) => json.usage(),
+        }
+    }
+
+    /// Completion tokens counted from the frames relayed (streams only): a lower bound
+    /// where one frame carried several tokens and no logprobs.
+    pub fn generated(&self) -> u64 {
+        match self {
+            Self::Sse(sse) => sse.generated.values().sum(),
+            Self::Json(_) => 0,
+        }
+    }
+}
+
+impl SseMeter {
+    fn feed(&mut self, chunk: Bytes) -> Bytes {
+        self.pending.extend_from_slice(&chunk);
+        let mut out = BytesMut::with_capacity(self.pending.len());
+        while let Some(end) = find_frame_end(&self.pending) {
+            let frame = self.pending.split_to(end);
+            if self.observe(&frame) || self.forward_usage {
+                out.extend_from_slice(&frame);
+            }
+        }
+        if self.pending.len() > MAX_FRAME {
+            out.extend_from_slice(&self.pending.split());
+        }
+        out.freeze()
+    }
+
+    /// Reads one frame; returns false for the usage-only frame.
+    fn observe(&mut self, frame: &[u8]) -> bool {
+        let Some(data) = frame_data(frame) else {
+            return true;
+        };
+        let Ok(chunk) = serde_json::from_slice::<Chunk>(data) else {
+            return true;
+        };
+        if chunk.choices.is_empty() {
+            if let Some(usage) = chunk.usage {
+                self.usage = Some(usage);
+                return false;
+            }
+        }
+        for choice in &chunk.choices {
+            let seen = self.generated.entry(choice.index).or_default();
+            match (&chunk.usage, &choice.logprobs) {
+                // Running usage (continuous_usage_stats) is cumulative per choice.
+                (Some(usage), _) => *seen = (*seen).max(usage.completion_tokens),
+                (None, Some(logprobs)) => *seen += logprobs.tokens.len() as u64,
+                (None, None) => *seen += 1,
+            }
+        }
+        true
+    }
+}
+
+impl JsonMeter {
+    fn keep(&mut self, chunk: &[u8]) {
+        if chunk.len() >= JSON_TAIL {
+            self.tail.clear();
+            self.tail.extend_from_slice(&chunk[chunk.len() - JSON_TAIL..]);
+            return;
+        }
+        let overflow = (self.tail.len() + chunk.len()).saturating_sub(JSON_TAIL);
+        self.tail.drain(..overflow);
+        self.tail.extend_from_slice(chunk);
+    }
+
+    /// The last `"usage":{…}` object of the body.
+    fn usage(&self) -> Option<Counts> {
+        const KEY: &[u8] = b"\"usage\":";
+        let at = self.tail.windows(KEY.len()).rposition(|w| w == KEY)?;
+        let mut values = serde_json::Deserializer::from_slice(&self.tail[at + KEY.len()..])
+            .into_iter::<Counts>();
+        values.next()?.ok()
+    }
+}
+
+/// The JSON payload of a `data: …` frame, `None` for `[DONE]`, comments and others.
+fn frame_data(frame: &[u8]) -> Option<&[u8]> {
+    let text = frame.strip_prefix(b"data:")?;
+    let text = text.strip_prefix(b" ").unwrap_or(text);
+    let end = text.iter().rposition(|b| !b.is_ascii_whitespace())? + 1;
+    let data = &text[..end];
+    (data.first() == Some(&b'{')).then_some(data)
+}
+
+/// The length up to and including the first frame terminator (`\n\n`), if any.
+fn find_frame_end(buf: &[u8]) -> Option<usize> {
+    buf.windows(2).position(|w| w == b"\n\n").map(|i| i + 2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONTENT: &str = "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"text\":\" a\",\"logprobs\":null}],\"usage\":null}\n\n";
+    const CONTENT_1: &str = "data: {\"id\":\"c\",\"choices\":[{\"index\":1,\"text\":\" b\",\"logprobs\":{\"tokens\":[\" b\",\" c\"]}}],\"usage\":null}\n\n";
+    const USAGE: &str = "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"total_tokens\":6,\"completion_tokens\":3}}\n\n";
+    const DONE: &str = "data: [DONE]\n\n";
+
+    fn run(meter: &mut Meter, pieces: &[&str]) -> String {
+        let mut out = Vec::new();
+        for piece in pieces {
+            out.extend_from_slice(&meter.feed(Bytes::from(piece.to_string())));
+        }
+        out.extend_from_slice(&meter.finish());
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn usage_frame_is_read_and_kept_when_asked_for() {
+        let mut meter = Meter::sse(true);
+        let out = run(&mut meter, &[CONTENT, CONTENT_1, USAGE, DONE]);
+        assert_eq!(out, [CONTENT, CONTENT_1, USAGE, DONE].concat());
+        assert_eq!(meter.reported(), Some(Counts { prompt_tokens: 3, completion_tokens: 3 }));
+        assert_eq!(meter.generated(), 3);
+    }
+
+    #[test]
+    fn usage_frame_is_dropped_when_not_asked_for_even_split_across_chunks() {
+        let mut meter = Meter::sse(false);
+        let all = [CONTENT, USAGE, DONE].concat();
+        let (a, b) = all.split_at(CONTENT.len() + 10);
+        let (b, c) = b.split_at(30);
+        let out = run(&mut meter, &[a, b, c]);
+        assert_eq!(out, [CONTENT, DONE].concat());
+        assert_eq!(meter.reported().unwrap().completion_tokens, 3);
+    }
+
+    #[test]
+    fn a_cut_stream_is_counted_from_its_frames() {
+        let mut meter = Meter::sse(false);
+        run(&mut meter, &[CONTENT, CONTENT, CONTENT_1]);
+        assert_eq!(meter.reported(), None);
+        assert_eq!(meter.generated(), 4);
+    }
+
+    #[test]
+    fn error_events_and_comments_pass_unchanged() {
+        let error = "data: {\"error\": {\"message\": \"x\", \"code\": 400}}\n\n";
+        let mut meter = Meter::sse(false);
+        let out = run(&mut meter, &[": keep-alive\n\n", error, DONE]);
+        assert_eq!(out, [": keep-alive\n\n", error, DONE].concat());
+    }
+
+    #[test]
+    fn json_usage_is_read_from_the_end_of_a_large_body() {
+        let mut meter = Meter::json();
+        let filler = "x".repeat(100_000);
+        let body = format!(
+            "{{\"id\":\"c\",\"choices\":[{{\"text\":\"{filler}\"}}],\"usage\":{{\"prompt_tokens\":7,\"total_tokens\":9,\"completion_tokens\":2,\"prompt_tokens_details\":null}},\"kv_transfer_params\":null}}"
+        );
+        let (a, b) = body.split_at(body.len() - 40);
+        let out = run(&mut meter, &[a, b]);
+        assert_eq!(out, body);
+        assert_eq!(meter.reported(), Some(Counts { prompt_tokens: 7, completion_tokens: 2 }));
+    }
+}

@@ -1,0 +1,105 @@
+//! Settling an admitted request: whatever way it ends (the last byte relayed, an
+//! upstream error, the client gone, a panic), its slot is released and its reservation
+//! turned into real usage — the ledger row first (the durable truth), then the live
+//! counters.
+
+use std::sync::Arc;
+
+use crate::admission::{Grant, Limiter};
+use crate::app::AppState;
+use crate::completion::meter::Meter;
+use crate::store::UsageRow;
+
+/// Owns an admitted request's slot and reservation until it is settled; dropping it
+/// settles it.
+pub struct Settlement {
+    state: AppState,
+    key: i64,
+    lease: String,
+    grant: Grant,
+    /// Prompt tokens as planned (exact or an upper bound), charged when the upstream
+    /// did not report usage.
+    prompt_tokens: u64,
+    pub meter: Meter,
+    /// Whether the upstream accepted the request (an error status costs nothing).
+    charged: bool,
+    settled: bool,
+}
+
+impl Settlement {
+    pub fn new(state: AppState, key: i64, lease: String, grant: Grant, prompt_tokens: u64) -> Self {
+        Self {
+            state,
+            key,
+            lease,
+            grant,
+            prompt_tokens,
+            meter: Meter::json(),
+            charged: true,
+            settled: false,
+        }
+    }
+
+    pub fn grant(&self) -> &Grant {
+        &self.grant
+    }
+
+    /// The upstream refused or failed before generating: nothing is charged.
+    pub fn charge_nothing(&mut self) {
+        self.charged = false;
+    }
+
+    /// Prompt and completion tokens to charge: the upstream's own usage when it
+    /// reported it, else the planned prompt tokens and what was seen generated.
+    fn tokens(&self) -> (u64, u64) {
+        if !self.charged {
+            return (0, 0);
+        }
+        match self.meter.reported() {
+            Some(counts) => (counts.prompt_tokens, counts.completion_tokens),
+            None => (self.prompt_tokens, self.meter.generated()),
+        }
+    }
+
+    /// Settles now (idempotent). The work runs on a tracked task so that it completes
+    /// even though the request's own future is gone.
+    pub fn settle(&mut self) {
+        if std::mem::replace(&mut self.settled, true) {
+            return;
+        }
+        let (prompt_tokens, completion_tokens) = self.tokens();
+        let state = self.state.clone();
+        let limiter: Arc<dyn Limiter> = state.limiter_handle();
+        let (key, lease, grant) = (self.key, self.lease.clone(), self.grant.clone());
+        self.state.tasks().spawn(async move {
+            let row = UsageRow {
+                key_id: key,
+                request_id: lease.clone(),
+                month: grant.month.to_string(),
+                prompt_tokens,
+                completion_tokens,
+                created_at: unix_now(),
+            };
+            if let Err(err) = state.store().record_usage(&row).await {
+                tracing::error!(error = %err, request_id = %lease, "could not write the usage ledger");
+            }
+            let used = prompt_tokens + completion_tokens;
+            if let Err(err) = limiter.finish(key, &lease, &grant, used).await {
+                tracing::error!(error = %err, request_id = %lease, "could not release the admission slot");
+            }
+        });
+    }
+}
+
+impl Drop for Settlement {
+    fn drop(&mut self) {
+        self.settle();
+    }
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}

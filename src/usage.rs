@@ -1,0 +1,86 @@
+//! A key's budget and limits as they stand: `GET /v1/usage` for the calling key, and the
+//! admin API's per-key view.
+
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::admission::{KeyLimits, Month};
+use crate::app::AppState;
+use crate::error::ApiError;
+use crate::http::auth::Caller;
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct KeyUsage {
+    /// The key's visible prefix.
+    key_prefix: String,
+    /// The budget period, `YYYY-MM` (UTC).
+    month: String,
+    /// Unix seconds of the next reset (00:00 UTC on the 1st).
+    resets_at: i64,
+    /// Monthly budget in tokens (prompt + completion).
+    budget: u64,
+    /// Tokens used by finished requests this month.
+    used: u64,
+    /// Tokens reserved by running requests (their worst case).
+    reserved: u64,
+    /// `budget − used − reserved`.
+    remaining: u64,
+    requests_per_minute: u32,
+    max_concurrent: u32,
+    max_queued: u32,
+    /// Requests of this key running now.
+    running: u32,
+    /// Requests of this key waiting now.
+    queued: u32,
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/usage",
+    tag = "usage",
+    responses(
+        (status = 200, description = "The calling key's budget, usage and limits for the current month.", body = KeyUsage),
+        (status = 401, description = "`invalid_api_key`.", body = crate::openapi::ErrorEnvelopeDoc),
+        (status = 503, description = "`admission_unavailable`: the live counters cannot be read.", body = crate::openapi::ErrorEnvelopeDoc),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn own_usage(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    axum::Extension(caller): axum::Extension<Caller>,
+) -> Result<axum::Json<KeyUsage>, ApiError> {
+    let limits = KeyLimits::resolve(&state.config().limits, &caller.limits);
+    key_usage(&state, caller.key_id, &caller.key_prefix, &limits)
+        .await
+        .map(axum::Json)
+}
+
+/// The live view of one key.
+pub async fn key_usage(
+    state: &AppState,
+    key_id: i64,
+    key_prefix: &str,
+    limits: &KeyLimits,
+) -> Result<KeyUsage, ApiError> {
+    let month = Month::now();
+    let limiter = state.limiter();
+    let unavailable = |_| ApiError::AdmissionUnavailable;
+    let usage = limiter.usage(key_id, month).await.map_err(unavailable)?;
+    let (running, queued) = limiter.occupancy(key_id).await.map_err(unavailable)?;
+    Ok(KeyUsage {
+        key_prefix: key_prefix.to_owned(),
+        month: month.to_string(),
+        resets_at: month.next_start_unix(),
+        budget: limits.monthly_budget,
+        used: usage.used,
+        reserved: usage.reserved,
+        remaining: limits
+            .monthly_budget
+            .saturating_sub(usage.used.saturating_add(usage.reserved)),
+        requests_per_minute: limits.requests_per_minute,
+        max_concurrent: limits.max_concurrent,
+        max_queued: limits.max_queued,
+        running,
+        queued,
+    })
+}
