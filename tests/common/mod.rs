@@ -62,7 +62,11 @@ gpu = "gpu-a"
         let config = Config::from_toml(toml).unwrap();
         let state = server::prepare(config).await.unwrap();
         let key = fleetgate::keys::generate();
-        state.store().create_key("test", None, &key).await.unwrap();
+        state
+            .store()
+            .create_key("test", None, &key, &Default::default())
+            .await
+            .unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (tx, rx) = oneshot::channel();
