@@ -92,7 +92,7 @@ async fn main() {
     let key = fleetgate::keys::generate();
     state
         .store()
-        .create_key("bench", None, &key)
+        .create_key("bench", None, &key, &Default::default())
         .await
         .expect("key");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

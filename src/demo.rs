@@ -42,7 +42,10 @@ gpu = "demo-gpu-0"
     let address = listener.local_addr()?;
     let state = server::prepare(config).await?;
     let key = crate::keys::generate();
-    state.store().create_key("demo", None, &key).await?;
+    state
+        .store()
+        .create_key("demo", None, &key, &crate::store::LimitOverrides::default())
+        .await?;
     println!("{}", instructions(address, key.secret.expose()));
     server::serve(state, listener, server::shutdown_signal()).await?;
     mock.shutdown().await;

@@ -15,6 +15,7 @@ pub mod keys;
 pub mod mock_vllm;
 pub mod models;
 pub mod openapi;
+pub mod request_log;
 pub mod server;
 pub mod store;
 pub mod upstream;

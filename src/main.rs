@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use fleetgate::config::Config;
+use fleetgate::store::{LimitOverrides, LimitUpdate};
 use fleetgate::{cli, demo, server};
 
 #[derive(Parser)]
@@ -60,21 +61,100 @@ struct ConfigArg {
 #[derive(Subcommand)]
 enum KeysCommand {
     /// Create a key; its secret is printed once, alone on the last line (or as JSON).
+    /// Limits not given are the configured defaults (`[limits]`).
     Create {
         #[arg(long)]
         name: String,
         #[arg(long)]
         email: Option<String>,
+        #[command(flatten)]
+        limits: CreateLimits,
         #[arg(long)]
         json: bool,
     },
-    /// List keys (never their secrets).
+    /// List keys (never their secrets) with their effective limits.
     List {
         #[arg(long)]
         json: bool,
     },
     /// Revoke a key by id or prefix; it stops working at once.
     Revoke { id_or_prefix: String },
+    /// Change a key's own limits (`default` returns one to the configured default), then
+    /// print its effective limits. A running server applies them to new requests.
+    Set {
+        /// The key's id or prefix.
+        id_or_prefix: String,
+        #[command(flatten)]
+        limits: SetLimits,
+    },
+    /// This month's (UTC) used tokens, effective limits and remaining budget of a key.
+    ///
+    /// Used tokens are those of finished requests, read from the usage ledger. Tokens
+    /// reserved by requests still running are only visible to the running server and
+    /// are not included.
+    Usage {
+        /// The key's id or prefix.
+        id_or_prefix: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The limit flags of `keys create`.
+#[derive(clap::Args)]
+struct CreateLimits {
+    /// Prompt + completion tokens per calendar month (UTC).
+    #[arg(long, value_name = "TOKENS", value_parser = cli::budget_arg)]
+    monthly_budget: Option<u64>,
+    /// Request starts per minute (at least 1).
+    #[arg(long, value_name = "N", value_parser = cli::at_least_one_arg)]
+    rpm: Option<u32>,
+    /// Requests running at once (at least 1).
+    #[arg(long, value_name = "N", value_parser = cli::at_least_one_arg)]
+    max_concurrent: Option<u32>,
+    /// Requests waiting beyond the running ones (0 or more).
+    #[arg(long, value_name = "N", value_parser = cli::queue_arg)]
+    max_queued: Option<u32>,
+}
+
+/// The limit flags of `keys set`: at least one; each a value or `default`.
+#[derive(clap::Args)]
+#[group(required = true, multiple = true)]
+struct SetLimits {
+    /// Prompt + completion tokens per calendar month (UTC), or `default`.
+    #[arg(long, value_name = "TOKENS|default", value_parser = cli::budget_setting)]
+    monthly_budget: Option<cli::Setting<u64>>,
+    /// Request starts per minute (at least 1), or `default`.
+    #[arg(long, value_name = "N|default", value_parser = cli::at_least_one_setting)]
+    rpm: Option<cli::Setting<u32>>,
+    /// Requests running at once (at least 1), or `default`.
+    #[arg(long, value_name = "N|default", value_parser = cli::at_least_one_setting)]
+    max_concurrent: Option<cli::Setting<u32>>,
+    /// Requests waiting beyond the running ones (0 or more), or `default`.
+    #[arg(long, value_name = "N|default", value_parser = cli::queue_setting)]
+    max_queued: Option<cli::Setting<u32>>,
+}
+
+impl CreateLimits {
+    fn overrides(&self) -> LimitOverrides {
+        LimitOverrides {
+            monthly_budget: self.monthly_budget,
+            requests_per_minute: self.rpm,
+            max_concurrent: self.max_concurrent,
+            max_queued: self.max_queued,
+        }
+    }
+}
+
+impl SetLimits {
+    fn update(&self) -> LimitUpdate {
+        LimitUpdate {
+            monthly_budget: self.monthly_budget.map(cli::Setting::into_option),
+            requests_per_minute: self.rpm.map(cli::Setting::into_option),
+            max_concurrent: self.max_concurrent.map(cli::Setting::into_option),
+            max_queued: self.max_queued.map(cli::Setting::into_option),
+        }
+    }
 }
 
 impl ConfigArg {
@@ -98,14 +178,29 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Demo { listen, data_dir } => demo::run(listen, &data_dir).await,
         Command::Keys { config, command } => {
-            let store = fleetgate::store::connect(&config.load()?.database_url).await?;
+            let config = config.load()?;
+            let store = fleetgate::store::connect(&config.database_url).await?;
+            let (store, defaults) = (store.as_ref(), &config.limits);
             let out = match command {
-                KeysCommand::Create { name, email, json } => {
-                    cli::create_key(store.as_ref(), &name, email.as_deref(), json).await?
+                KeysCommand::Create {
+                    name,
+                    email,
+                    limits,
+                    json,
+                } => {
+                    let limits = limits.overrides();
+                    cli::create_key(store, defaults, &name, email.as_deref(), &limits, json).await?
                 }
-                KeysCommand::List { json } => cli::list_keys(store.as_ref(), json).await?,
+                KeysCommand::List { json } => cli::list_keys(store, defaults, json).await?,
                 KeysCommand::Revoke { id_or_prefix } => {
-                    cli::revoke_key(store.as_ref(), &id_or_prefix).await?
+                    cli::revoke_key(store, &id_or_prefix).await?
+                }
+                KeysCommand::Set {
+                    id_or_prefix,
+                    limits,
+                } => cli::set_limits(store, defaults, &id_or_prefix, &limits.update()).await?,
+                KeysCommand::Usage { id_or_prefix, json } => {
+                    cli::key_usage(store, defaults, &id_or_prefix, json).await?
                 }
             };
             println!("{out}");

@@ -12,8 +12,20 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fleetgate::keys::{self, NewKey};
-use fleetgate::store::{self, KeyRecord, SqliteStore, Store, StoreError};
+use fleetgate::request_log::{RequestLog, RequestLogConfig, RequestLogStats};
+use fleetgate::store::{
+    self, KeyRecord, LimitOverrides, LimitUpdate, RequestLogRow, SqliteStore, Store, StoreError,
+    UsageRow,
+};
 use sqlx::{AssertSqlSafe, Connection as _, PgConnection};
+
+/// No overrides: every limit is the configured default.
+const DEFAULTS: &LimitOverrides = &LimitOverrides {
+    monthly_budget: None,
+    requests_per_minute: None,
+    max_concurrent: None,
+    max_queued: None,
+};
 
 const POSTGRES_URL_VAR: &str = "TEST_POSTGRES_URL";
 
@@ -177,10 +189,21 @@ backend_tests! {
         revoke_unknown_is_none,
         duplicate_prefix_is_refused,
         ping,
+        create_with_limits,
+        set_and_clear_limits,
+        invalid_limits_are_refused,
+        key_by_id_or_prefix,
+        usage_sums_by_key_and_month,
+        usage_is_idempotent,
+        usage_refuses_bad_rows,
+        request_log_round_trip,
+        request_log_writer_close_writes_everything,
+        request_log_writer_flush,
     ],
     url: [
         migrations_are_idempotent,
         concurrent_first_connects,
+        existing_keys_get_default_limits,
     ],
 }
 
@@ -208,7 +231,7 @@ fn assert_recent(t: i64) {
 async fn create_lookup_verify(store: Arc<dyn Store>) {
     let key = keys::generate();
     let created = store
-        .create_key("alice", Some("alice@example.com"), &key)
+        .create_key("alice", Some("alice@example.com"), &key, DEFAULTS)
         .await
         .unwrap();
     assert!(created.id > 0);
@@ -222,7 +245,10 @@ async fn create_lookup_verify(store: Arc<dyn Store>) {
 
     // A key without an email.
     let other = keys::generate();
-    let bob = store.create_key("bob", None, &other).await.unwrap();
+    let bob = store
+        .create_key("bob", None, &other, DEFAULTS)
+        .await
+        .unwrap();
     assert_eq!(bob.email, None);
     assert_ne!(bob.id, created.id);
 
@@ -268,7 +294,7 @@ async fn generated_keys_are_unique_and_well_formed(store: Arc<dyn Store>) {
         assert!(!format!("{key:?}").contains(secret));
         assert!(secrets.insert(secret.to_owned()));
         store
-            .create_key(&format!("key {i}"), None, &key)
+            .create_key(&format!("key {i}"), None, &key, DEFAULTS)
             .await
             .unwrap();
     }
@@ -297,7 +323,7 @@ async fn list_keys(store: Arc<dyn Store>) {
     let mut created = Vec::new();
     for name in ["first", "second", "third"] {
         let key = keys::generate();
-        created.push(store.create_key(name, None, &key).await.unwrap());
+        created.push(store.create_key(name, None, &key, DEFAULTS).await.unwrap());
     }
     let revoked = store.revoke_key(&created[1].prefix).await.unwrap().unwrap();
 
@@ -314,8 +340,14 @@ async fn list_keys(store: Arc<dyn Store>) {
 async fn revoke_by_id(store: Arc<dyn Store>) {
     let key = keys::generate();
     let other = keys::generate();
-    let record = store.create_key("victim", None, &key).await.unwrap();
-    let bystander = store.create_key("bystander", None, &other).await.unwrap();
+    let record = store
+        .create_key("victim", None, &key, DEFAULTS)
+        .await
+        .unwrap();
+    let bystander = store
+        .create_key("bystander", None, &other, DEFAULTS)
+        .await
+        .unwrap();
 
     let revoked = store
         .revoke_key(&record.id.to_string())
@@ -346,7 +378,10 @@ async fn revoke_by_id(store: Arc<dyn Store>) {
 
 async fn revoke_by_prefix(store: Arc<dyn Store>) {
     let key = keys::generate();
-    let record = store.create_key("victim", None, &key).await.unwrap();
+    let record = store
+        .create_key("victim", None, &key, DEFAULTS)
+        .await
+        .unwrap();
     let revoked = store.revoke_key(&key.prefix).await.unwrap().unwrap();
     assert_eq!(revoked.id, record.id);
     assert!(!revoked.is_active());
@@ -356,7 +391,7 @@ async fn revoke_by_prefix(store: Arc<dyn Store>) {
 
 async fn revoke_twice_keeps_first_time(store: Arc<dyn Store>) {
     let key = keys::generate();
-    let record = store.create_key("k", None, &key).await.unwrap();
+    let record = store.create_key("k", None, &key, DEFAULTS).await.unwrap();
     let first = store.revoke_key(&key.prefix).await.unwrap().unwrap();
     // Let the clock pass a whole second, so a second stamp would differ.
     tokio::time::sleep(Duration::from_millis(1100)).await;
@@ -372,7 +407,7 @@ async fn revoke_twice_keeps_first_time(store: Arc<dyn Store>) {
 
 async fn revoke_unknown_is_none(store: Arc<dyn Store>) {
     let key = keys::generate();
-    let record = store.create_key("k", None, &key).await.unwrap();
+    let record = store.create_key("k", None, &key, DEFAULTS).await.unwrap();
     for unknown in [
         (record.id + 1).to_string(),
         "0".to_owned(),
@@ -400,12 +435,15 @@ async fn revoke_unknown_is_none(store: Arc<dyn Store>) {
 
 async fn duplicate_prefix_is_refused(store: Arc<dyn Store>) {
     let key = keys::generate();
-    let record = store.create_key("original", None, &key).await.unwrap();
+    let record = store
+        .create_key("original", None, &key, DEFAULTS)
+        .await
+        .unwrap();
 
     // Another key that happens to share the prefix.
     let mut clash: NewKey = keys::generate();
     clash.prefix = key.prefix.clone();
-    match store.create_key("clash", None, &clash).await {
+    match store.create_key("clash", None, &clash, DEFAULTS).await {
         Err(StoreError::Duplicate(prefix)) => assert_eq!(prefix, key.prefix),
         other => panic!("expected Duplicate, got {other:?}"),
     }
@@ -415,7 +453,7 @@ async fn duplicate_prefix_is_refused(store: Arc<dyn Store>) {
     assert_eq!(listed, [record]);
     // The store still works after the failed insert.
     store
-        .create_key("next", None, &keys::generate())
+        .create_key("next", None, &keys::generate(), DEFAULTS)
         .await
         .unwrap();
 }
@@ -427,7 +465,10 @@ async fn ping(store: Arc<dyn Store>) {
 async fn migrations_are_idempotent(url: &str) {
     let first = store::connect(url).await.unwrap();
     let key = keys::generate();
-    let record = first.create_key("kept", None, &key).await.unwrap();
+    let record = first
+        .create_key("kept", None, &key, DEFAULTS)
+        .await
+        .unwrap();
 
     // A second process (the CLI beside a running server) opening the same database.
     let second = store::connect(url).await.unwrap();
@@ -457,9 +498,636 @@ async fn concurrent_first_connects(url: &str) {
     );
     let (a, b, c) = (a.unwrap(), b.unwrap(), c.unwrap());
     let key = keys::generate();
-    a.create_key("k", None, &key).await.unwrap();
+    a.create_key("k", None, &key, DEFAULTS).await.unwrap();
     assert!(b.key_by_prefix(&key.prefix).await.unwrap().is_some());
     assert_eq!(c.list_keys().await.unwrap().len(), 1);
+}
+
+async fn existing_keys_get_default_limits(url: &str) {
+    // A database as migration 0001 left it, with a key, then opened by this version.
+    let key = keys::generate();
+    if url.starts_with("sqlite:") {
+        let path = sqlite_path(url);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true);
+        let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+        sqlx::migrate!("migrations/sqlite")
+            .run_to(1, &pool)
+            .await
+            .unwrap();
+        sqlx::query(
+            "INSERT INTO api_keys (name, prefix, key_hash, created_at) VALUES ('old', ?, ?, 1)",
+        )
+        .bind(&key.prefix)
+        .bind(key.hash.as_slice())
+        .execute(&pool)
+        .await
+        .unwrap();
+        pool.close().await;
+    } else {
+        let pool = sqlx::PgPool::connect(url).await.unwrap();
+        sqlx::migrate!("migrations/postgres")
+            .run_to(1, &pool)
+            .await
+            .unwrap();
+        sqlx::query(
+            "INSERT INTO api_keys (name, prefix, key_hash, created_at) VALUES ('old', $1, $2, 1)",
+        )
+        .bind(&key.prefix)
+        .bind(key.hash.as_slice())
+        .execute(&pool)
+        .await
+        .unwrap();
+        pool.close().await;
+    }
+
+    let store = store::connect(url).await.unwrap();
+    let record = store.key_by_prefix(&key.prefix).await.unwrap().unwrap();
+    assert_eq!(record.name, "old");
+    assert_eq!(record.limits, LimitOverrides::default());
+    // And the new tables work on it.
+    store
+        .record_usage(&usage(record.id, "req_1", "2026-04", 1, 2))
+        .await
+        .unwrap();
+    assert_eq!(store.month_usage(record.id, "2026-04").await.unwrap(), 3);
+}
+
+// ---------------------------------------------------------------------------------------
+// Limits, usage ledger, request log (both backends)
+// ---------------------------------------------------------------------------------------
+
+const ALL_OWN: LimitOverrides = LimitOverrides {
+    monthly_budget: Some(1_000),
+    requests_per_minute: Some(5),
+    max_concurrent: Some(2),
+    max_queued: Some(0),
+};
+
+async fn create_with_limits(store: Arc<dyn Store>) {
+    let plain = store
+        .create_key("plain", None, &keys::generate(), DEFAULTS)
+        .await
+        .unwrap();
+    assert_eq!(plain.limits, LimitOverrides::default());
+
+    let key = keys::generate();
+    let own = store.create_key("own", None, &key, &ALL_OWN).await.unwrap();
+    assert_eq!(own.limits, ALL_OWN);
+    assert_eq!(
+        store.key_by_prefix(&key.prefix).await.unwrap().unwrap(),
+        own
+    );
+
+    // Some set, some default; the extremes the columns hold.
+    let extremes = LimitOverrides {
+        monthly_budget: Some(i64::MAX as u64),
+        requests_per_minute: Some(i32::MAX as u32),
+        max_concurrent: None,
+        max_queued: Some(i32::MAX as u32),
+    };
+    let big = store
+        .create_key("big", None, &keys::generate(), &extremes)
+        .await
+        .unwrap();
+    assert_eq!(big.limits, extremes);
+    let zero = LimitOverrides {
+        monthly_budget: Some(0),
+        requests_per_minute: Some(1),
+        max_concurrent: Some(1),
+        max_queued: Some(0),
+    };
+    let small = store
+        .create_key("small", None, &keys::generate(), &zero)
+        .await
+        .unwrap();
+    assert_eq!(small.limits, zero);
+
+    assert_eq!(store.list_keys().await.unwrap(), [plain, own, big, small]);
+}
+
+async fn set_and_clear_limits(store: Arc<dyn Store>) {
+    let key = keys::generate();
+    let record = store.create_key("k", None, &key, DEFAULTS).await.unwrap();
+    let bystander = store
+        .create_key("other", None, &keys::generate(), &ALL_OWN)
+        .await
+        .unwrap();
+
+    // One limit, by prefix: the others stay as they are.
+    let budget_only = LimitUpdate {
+        monthly_budget: Some(Some(5_000)),
+        ..LimitUpdate::default()
+    };
+    let updated = store
+        .set_limits(&key.prefix, &budget_only)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        updated.limits,
+        LimitOverrides {
+            monthly_budget: Some(5_000),
+            ..LimitOverrides::default()
+        }
+    );
+    assert_eq!(
+        KeyRecord {
+            limits: LimitOverrides::default(),
+            ..updated.clone()
+        },
+        record
+    );
+
+    // All of them, by id.
+    let all = LimitUpdate {
+        monthly_budget: Some(Some(7)),
+        requests_per_minute: Some(Some(60)),
+        max_concurrent: Some(Some(3)),
+        max_queued: Some(Some(9)),
+    };
+    let updated = store
+        .set_limits(&record.id.to_string(), &all)
+        .await
+        .unwrap()
+        .unwrap();
+    let expected = LimitOverrides {
+        monthly_budget: Some(7),
+        requests_per_minute: Some(60),
+        max_concurrent: Some(3),
+        max_queued: Some(9),
+    };
+    assert_eq!(updated.limits, expected);
+
+    // An empty update changes nothing and returns the record.
+    assert!(LimitUpdate::default().is_empty());
+    let same = store
+        .set_limits(&key.prefix, &LimitUpdate::default())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(same, updated);
+
+    // Back to the default for two of them; the others are kept.
+    let clear = LimitUpdate {
+        requests_per_minute: Some(None),
+        max_queued: Some(None),
+        max_concurrent: Some(Some(4)),
+        monthly_budget: None,
+    };
+    let cleared = store
+        .set_limits(&key.prefix, &clear)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        cleared.limits,
+        LimitOverrides {
+            monthly_budget: Some(7),
+            requests_per_minute: None,
+            max_concurrent: Some(4),
+            max_queued: None,
+        }
+    );
+    assert_eq!(
+        store.key_by_prefix(&key.prefix).await.unwrap().unwrap(),
+        cleared
+    );
+
+    // A revoked key's limits can still change.
+    store.revoke_key(&key.prefix).await.unwrap().unwrap();
+    let revoked = store
+        .set_limits(&key.prefix, &budget_only)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!revoked.is_active());
+    assert_eq!(revoked.limits.monthly_budget, Some(5_000));
+
+    // Unknown keys.
+    for unknown in [
+        (bystander.id + 1).to_string(),
+        "99999999999999999999999".to_owned(),
+        keys::generate().prefix,
+        String::new(),
+    ] {
+        assert_eq!(
+            store.set_limits(&unknown, &all).await.unwrap(),
+            None,
+            "{unknown:?}"
+        );
+    }
+
+    // The other key was never touched.
+    assert_eq!(
+        store.key(&bystander.prefix).await.unwrap().unwrap(),
+        bystander
+    );
+}
+
+async fn invalid_limits_are_refused(store: Arc<dyn Store>) {
+    let invalid = [
+        LimitOverrides {
+            requests_per_minute: Some(0),
+            ..LimitOverrides::default()
+        },
+        LimitOverrides {
+            max_concurrent: Some(0),
+            ..LimitOverrides::default()
+        },
+        LimitOverrides {
+            max_queued: Some(i32::MAX as u32 + 1),
+            ..LimitOverrides::default()
+        },
+        LimitOverrides {
+            monthly_budget: Some(i64::MAX as u64 + 1),
+            ..LimitOverrides::default()
+        },
+    ];
+    for limits in &invalid {
+        match store
+            .create_key("bad", None, &keys::generate(), limits)
+            .await
+        {
+            Err(StoreError::Invalid(message)) => assert!(!message.is_empty()),
+            other => panic!("{limits:?}: expected Invalid, got {other:?}"),
+        }
+    }
+    assert!(store.list_keys().await.unwrap().is_empty());
+
+    let key = keys::generate();
+    let record = store.create_key("k", None, &key, &ALL_OWN).await.unwrap();
+    for limits in &invalid {
+        let update = LimitUpdate {
+            monthly_budget: limits.monthly_budget.map(Some),
+            requests_per_minute: limits.requests_per_minute.map(Some),
+            max_concurrent: limits.max_concurrent.map(Some),
+            max_queued: limits.max_queued.map(Some),
+        };
+        // Invalid even for a key that does not exist: the value is checked first.
+        for target in [key.prefix.clone(), "404".to_owned()] {
+            assert!(
+                matches!(
+                    store.set_limits(&target, &update).await,
+                    Err(StoreError::Invalid(_))
+                ),
+                "{update:?}"
+            );
+        }
+    }
+    assert_eq!(store.key(&key.prefix).await.unwrap().unwrap(), record);
+}
+
+async fn key_by_id_or_prefix(store: Arc<dyn Store>) {
+    let key = keys::generate();
+    let record = store.create_key("k", None, &key, &ALL_OWN).await.unwrap();
+    let other = store
+        .create_key("other", None, &keys::generate(), DEFAULTS)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.key(&record.id.to_string()).await.unwrap(),
+        Some(record.clone())
+    );
+    assert_eq!(store.key(&key.prefix).await.unwrap(), Some(record.clone()));
+    assert_eq!(store.key(&other.prefix).await.unwrap(), Some(other.clone()));
+
+    let revoked = store.revoke_key(&key.prefix).await.unwrap().unwrap();
+    assert_eq!(
+        store.key(&record.id.to_string()).await.unwrap(),
+        Some(revoked)
+    );
+
+    for unknown in [
+        (other.id + 1).to_string(),
+        "0".to_owned(),
+        "-1".to_owned(),
+        "99999999999999999999999999".to_owned(),
+        keys::generate().prefix,
+        String::new(),
+        key.secret.expose().to_owned(),
+    ] {
+        assert_eq!(store.key(&unknown).await.unwrap(), None, "{unknown:?}");
+    }
+}
+
+fn usage(key_id: i64, request_id: &str, month: &str, prompt: u64, completion: u64) -> UsageRow {
+    UsageRow {
+        key_id,
+        request_id: request_id.to_owned(),
+        month: month.to_owned(),
+        prompt_tokens: prompt,
+        completion_tokens: completion,
+        created_at: now(),
+    }
+}
+
+async fn usage_sums_by_key_and_month(store: Arc<dyn Store>) {
+    let a = store
+        .create_key("a", None, &keys::generate(), DEFAULTS)
+        .await
+        .unwrap()
+        .id;
+    let b = store
+        .create_key("b", None, &keys::generate(), DEFAULTS)
+        .await
+        .unwrap()
+        .id;
+    assert_eq!(store.month_usage(a, "2026-04").await.unwrap(), 0);
+
+    for row in [
+        usage(a, "req_1", "2026-04", 10, 5),
+        usage(a, "req_2", "2026-04", 100, 0),
+        usage(a, "req_3", "2026-05", 1, 2),
+        usage(b, "req_4", "2026-04", 1_000, 1_000),
+        usage(b, "req_5", "2026-05", 0, 0),
+        usage(b, "req_6", "2026-05", 40, 2),
+    ] {
+        store.record_usage(&row).await.unwrap();
+    }
+    assert_eq!(store.month_usage(a, "2026-04").await.unwrap(), 115);
+    assert_eq!(store.month_usage(a, "2026-05").await.unwrap(), 3);
+    assert_eq!(store.month_usage(b, "2026-04").await.unwrap(), 2_000);
+    assert_eq!(store.month_usage(b, "2026-05").await.unwrap(), 42);
+    assert_eq!(store.month_usage(a, "2026-06").await.unwrap(), 0);
+    assert_eq!(store.month_usage(b + 1, "2026-04").await.unwrap(), 0);
+    assert_eq!(store.month_usage(a, "not a month").await.unwrap(), 0);
+
+    // Large counts add up exactly (beyond 32 bits).
+    let big = 3_000_000_000_u64;
+    store
+        .record_usage(&usage(a, "req_big", "2026-07", big, big))
+        .await
+        .unwrap();
+    assert_eq!(store.month_usage(a, "2026-07").await.unwrap(), 2 * big);
+}
+
+async fn usage_is_idempotent(store: Arc<dyn Store>) {
+    let a = store
+        .create_key("a", None, &keys::generate(), DEFAULTS)
+        .await
+        .unwrap()
+        .id;
+    let b = store
+        .create_key("b", None, &keys::generate(), DEFAULTS)
+        .await
+        .unwrap()
+        .id;
+    let row = usage(a, "req_retry", "2026-04", 30, 12);
+    store.record_usage(&row).await.unwrap();
+    // A retry, even one with other counts, another month or another key, counts nothing.
+    store.record_usage(&row).await.unwrap();
+    store
+        .record_usage(&usage(a, "req_retry", "2026-04", 999, 999))
+        .await
+        .unwrap();
+    store
+        .record_usage(&usage(a, "req_retry", "2026-05", 1, 1))
+        .await
+        .unwrap();
+    store
+        .record_usage(&usage(b, "req_retry", "2026-04", 1, 1))
+        .await
+        .unwrap();
+    assert_eq!(store.month_usage(a, "2026-04").await.unwrap(), 42);
+    assert_eq!(store.month_usage(a, "2026-05").await.unwrap(), 0);
+    assert_eq!(store.month_usage(b, "2026-04").await.unwrap(), 0);
+
+    // Concurrent duplicates (two replicas settling the same request).
+    let rows: Vec<_> = (0..8)
+        .map(|_| usage(a, "req_race", "2026-06", 5, 5))
+        .collect();
+    let results = futures_util::future::join_all(rows.iter().map(|r| store.record_usage(r))).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    assert_eq!(store.month_usage(a, "2026-06").await.unwrap(), 10);
+}
+
+async fn usage_refuses_bad_rows(store: Arc<dyn Store>) {
+    let a = store
+        .create_key("a", None, &keys::generate(), DEFAULTS)
+        .await
+        .unwrap()
+        .id;
+    for month in [
+        "2026-4",
+        "2026-00",
+        "2026-13",
+        "26-04",
+        "2026/04",
+        "",
+        "2026-04-01",
+    ] {
+        assert!(
+            matches!(
+                store.record_usage(&usage(a, "req_m", month, 1, 1)).await,
+                Err(StoreError::Invalid(_))
+            ),
+            "{month:?}"
+        );
+    }
+    assert!(matches!(
+        store
+            .record_usage(&usage(a, "req_t", "2026-04", u64::MAX, 0))
+            .await,
+        Err(StoreError::Invalid(_))
+    ));
+    // The ledger refers to keys.
+    assert!(matches!(
+        store
+            .record_usage(&usage(a + 100, "req_k", "2026-04", 1, 1))
+            .await,
+        Err(StoreError::Database(_))
+    ));
+    assert_eq!(store.month_usage(a, "2026-04").await.unwrap(), 0);
+    // Nothing was kept of the refused rows: their ids are still free.
+    store
+        .record_usage(&usage(a, "req_k", "2026-04", 1, 1))
+        .await
+        .unwrap();
+    assert_eq!(store.month_usage(a, "2026-04").await.unwrap(), 2);
+}
+
+fn log_row(request_id: &str, created_at_ms: i64) -> RequestLogRow {
+    RequestLogRow {
+        request_id: request_id.to_owned(),
+        created_at_ms,
+        key_id: None,
+        key_prefix: None,
+        email: None,
+        client_ip: None,
+        endpoint: "/v1/completions".to_owned(),
+        model: None,
+        prompt_tokens: None,
+        completion_tokens: None,
+        status: 401,
+        error_code: None,
+        latency_ms: 0,
+        workload: None,
+    }
+}
+
+async fn request_log_round_trip(store: Arc<dyn Store>) {
+    assert!(store.recent_requests(10).await.unwrap().is_empty());
+    store.append_request_log(&[]).await.unwrap();
+
+    let key = store
+        .create_key("k", Some("k@example.org"), &keys::generate(), DEFAULTS)
+        .await
+        .unwrap();
+    let full = RequestLogRow {
+        request_id: "req_full".to_owned(),
+        created_at_ms: 1_780_000_000_123,
+        key_id: Some(key.id),
+        key_prefix: Some(key.prefix.clone()),
+        email: key.email.clone(),
+        client_ip: Some("203.0.113.7".parse().unwrap()),
+        endpoint: "/v1/completions".to_owned(),
+        model: Some("llama-8b".to_owned()),
+        prompt_tokens: Some(12),
+        completion_tokens: Some(3_000_000_000),
+        status: 200,
+        error_code: None,
+        latency_ms: 1_234,
+        workload: Some("api".to_owned()),
+    };
+    let failed = RequestLogRow {
+        client_ip: Some("2001:db8::1".parse().unwrap()),
+        error_code: Some("invalid_api_key".to_owned()),
+        ..log_row("req_nulls", 1_780_000_000_124)
+    };
+    // Counts beyond the column saturate rather than failing the batch.
+    let huge = RequestLogRow {
+        prompt_tokens: Some(u64::MAX),
+        latency_ms: u64::MAX,
+        status: u16::MAX,
+        ..log_row("req_huge", 1_780_000_000_000)
+    };
+    store
+        .append_request_log(&[full.clone(), failed.clone(), huge.clone()])
+        .await
+        .unwrap();
+
+    let recent = store.recent_requests(10).await.unwrap();
+    let saturated = RequestLogRow {
+        prompt_tokens: Some(i64::MAX as u64),
+        latency_ms: i64::MAX as u64,
+        ..huge
+    };
+    assert_eq!(recent, [failed.clone(), full.clone(), saturated]);
+    assert_eq!(
+        store.recent_requests(1).await.unwrap(),
+        std::slice::from_ref(&failed)
+    );
+    assert!(store.recent_requests(0).await.unwrap().is_empty());
+
+    // A row already logged (a batch retried after an unclear commit) is skipped; the
+    // rest of its batch is written.
+    let later = log_row("req_later", 1_780_000_000_200);
+    store
+        .append_request_log(&[
+            RequestLogRow {
+                status: 500,
+                ..full.clone()
+            },
+            later.clone(),
+        ])
+        .await
+        .unwrap();
+    let recent = store.recent_requests(10).await.unwrap();
+    assert_eq!(recent.len(), 4);
+    assert_eq!(recent[0], later);
+    assert_eq!(recent[2], full);
+}
+
+/// Distinct rows for the writer tests.
+fn numbered_rows(from: usize, count: usize) -> Vec<RequestLogRow> {
+    (from..from + count)
+        .map(|i| RequestLogRow {
+            prompt_tokens: Some(i as u64),
+            ..log_row(&format!("req_{i:05}"), 1_780_000_000_000 + i as i64)
+        })
+        .collect()
+}
+
+async fn request_log_writer_close_writes_everything(store: Arc<dyn Store>) {
+    let log = RequestLog::start(store.clone());
+    let clone = log.clone();
+    for row in numbered_rows(0, 1000) {
+        clone.record(row);
+    }
+    let stats = tokio::time::timeout(Duration::from_secs(30), log.close())
+        .await
+        .expect("close finishes");
+    assert_eq!(
+        stats,
+        RequestLogStats {
+            written: 1000,
+            dropped: 0,
+            failed: 0
+        }
+    );
+    let rows = store.recent_requests(5000).await.unwrap();
+    assert_eq!(rows.len(), 1000);
+    let mut ids: Vec<_> = rows.iter().map(|r| r.request_id.clone()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 1000);
+    assert_eq!(rows[0], numbered_rows(999, 1)[0]);
+
+    // Closed: later rows (on a remaining clone) are dropped and counted; flush and close
+    // return at once.
+    clone.record(numbered_rows(1000, 1).remove(0));
+    clone.flush().await;
+    assert_eq!(clone.stats().dropped, 1);
+    let again = clone.close().await;
+    assert_eq!(again.written, 1000);
+    assert_eq!(store.recent_requests(5000).await.unwrap().len(), 1000);
+}
+
+async fn request_log_writer_flush(store: Arc<dyn Store>) {
+    // A batch would otherwise wait an hour or 10 000 rows: only flush writes it.
+    let log = RequestLog::start_with(
+        store.clone(),
+        RequestLogConfig {
+            max_delay: Duration::from_secs(3600),
+            batch_rows: 10_000,
+            ..RequestLogConfig::default()
+        },
+    );
+    for row in numbered_rows(0, 3) {
+        log.record(row);
+    }
+    tokio::time::timeout(Duration::from_secs(10), log.flush())
+        .await
+        .expect("flush finishes");
+    assert_eq!(store.recent_requests(10).await.unwrap().len(), 3);
+    assert_eq!(log.stats().written, 3);
+
+    // Rows recorded from other tasks before the flush are written by it too.
+    let tasks: Vec<_> = (0..4)
+        .map(|t| {
+            let log = log.clone();
+            tokio::spawn(async move {
+                for row in numbered_rows(100 * (t + 1), 25) {
+                    log.record(row);
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    tokio::time::timeout(Duration::from_secs(10), log.flush())
+        .await
+        .expect("flush finishes");
+    assert_eq!(store.recent_requests(1000).await.unwrap().len(), 103);
+    // A flush with nothing queued returns too.
+    tokio::time::timeout(Duration::from_secs(10), log.flush())
+        .await
+        .expect("flush finishes");
+    assert_eq!(log.close().await.written, 103);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -525,7 +1193,7 @@ async fn sqlite_never_stores_the_secret() {
     let db = TestDb::sqlite();
     let store = db.store().await;
     let key = keys::generate();
-    store.create_key("k", None, &key).await.unwrap();
+    store.create_key("k", None, &key, DEFAULTS).await.unwrap();
     store.ping().await.unwrap();
 
     let path = sqlite_path(&db.url);
@@ -551,7 +1219,7 @@ async fn sqlite_memory() {
     let a = store::connect("sqlite::memory:").await.unwrap();
     let b = store::connect("sqlite::memory:").await.unwrap();
     let key = keys::generate();
-    let record = a.create_key("k", None, &key).await.unwrap();
+    let record = a.create_key("k", None, &key, DEFAULTS).await.unwrap();
     // Kept across queries (one long-lived connection)...
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(a.key_by_prefix(&key.prefix).await.unwrap(), Some(record));
@@ -588,6 +1256,258 @@ async fn unsupported_urls_name_the_scheme() {
         store::connect("sqlite://").await,
         Err(StoreError::InvalidUrl(_))
     ));
+}
+
+/// A store that reports every `append_request_log` call (its row count, and whether it
+/// failed) and can be told to fail the next few.
+struct WatchedStore {
+    inner: Arc<dyn Store>,
+    appends: tokio::sync::mpsc::UnboundedSender<(usize, bool)>,
+    failures_left: std::sync::atomic::AtomicU32,
+}
+
+impl WatchedStore {
+    fn new(
+        inner: Arc<dyn Store>,
+        failures: u32,
+    ) -> (
+        Arc<Self>,
+        tokio::sync::mpsc::UnboundedReceiver<(usize, bool)>,
+    ) {
+        let (appends, rx) = tokio::sync::mpsc::unbounded_channel();
+        let store = Arc::new(Self {
+            inner,
+            appends,
+            failures_left: failures.into(),
+        });
+        (store, rx)
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for WatchedStore {
+    async fn create_key(
+        &self,
+        name: &str,
+        email: Option<&str>,
+        key: &NewKey,
+        limits: &LimitOverrides,
+    ) -> Result<KeyRecord, StoreError> {
+        self.inner.create_key(name, email, key, limits).await
+    }
+    async fn key_by_prefix(&self, prefix: &str) -> Result<Option<KeyRecord>, StoreError> {
+        self.inner.key_by_prefix(prefix).await
+    }
+    async fn key(&self, id_or_prefix: &str) -> Result<Option<KeyRecord>, StoreError> {
+        self.inner.key(id_or_prefix).await
+    }
+    async fn list_keys(&self) -> Result<Vec<KeyRecord>, StoreError> {
+        self.inner.list_keys().await
+    }
+    async fn revoke_key(&self, id_or_prefix: &str) -> Result<Option<KeyRecord>, StoreError> {
+        self.inner.revoke_key(id_or_prefix).await
+    }
+    async fn set_limits(
+        &self,
+        id_or_prefix: &str,
+        update: &LimitUpdate,
+    ) -> Result<Option<KeyRecord>, StoreError> {
+        self.inner.set_limits(id_or_prefix, update).await
+    }
+    async fn record_usage(&self, row: &UsageRow) -> Result<(), StoreError> {
+        self.inner.record_usage(row).await
+    }
+    async fn month_usage(&self, key_id: i64, month: &str) -> Result<u64, StoreError> {
+        self.inner.month_usage(key_id, month).await
+    }
+    async fn append_request_log(&self, rows: &[RequestLogRow]) -> Result<(), StoreError> {
+        use std::sync::atomic::Ordering;
+        let fail = self
+            .failures_left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        let _ = self.appends.send((rows.len(), fail));
+        if fail {
+            return Err(StoreError::Database(sqlx::Error::PoolTimedOut));
+        }
+        self.inner.append_request_log(rows).await
+    }
+    async fn recent_requests(&self, limit: u32) -> Result<Vec<RequestLogRow>, StoreError> {
+        self.inner.recent_requests(limit).await
+    }
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.inner.ping().await
+    }
+}
+
+/// The next `append_request_log` call, within 10 s.
+async fn next_append(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<(usize, bool)>,
+) -> (usize, bool) {
+    tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("a batch is written in time")
+        .expect("the store is alive")
+}
+
+#[tokio::test]
+async fn request_log_writes_full_batches_at_once_and_the_rest_at_close() {
+    let db = TestDb::sqlite();
+    let (store, mut appends) = WatchedStore::new(db.store().await, 0);
+    let log = RequestLog::start_with(
+        store.clone(),
+        RequestLogConfig {
+            batch_rows: 10,
+            max_delay: Duration::from_secs(3600),
+            ..RequestLogConfig::default()
+        },
+    );
+    for row in numbered_rows(0, 25) {
+        log.record(row);
+    }
+    assert_eq!(next_append(&mut appends).await, (10, false));
+    assert_eq!(next_append(&mut appends).await, (10, false));
+    assert_eq!(log.close().await.written, 25);
+    assert_eq!(appends.recv().await, Some((5, false)));
+    assert_eq!(store.recent_requests(100).await.unwrap().len(), 25);
+}
+
+#[tokio::test]
+async fn request_log_writes_a_waiting_batch_after_max_delay() {
+    let db = TestDb::sqlite();
+    let (store, mut appends) = WatchedStore::new(db.store().await, 0);
+    let log = RequestLog::start_with(
+        store.clone(),
+        RequestLogConfig {
+            batch_rows: 10_000,
+            max_delay: Duration::from_millis(50),
+            ..RequestLogConfig::default()
+        },
+    );
+    let started = std::time::Instant::now();
+    for row in numbered_rows(0, 3) {
+        log.record(row);
+    }
+    // Neither flush nor close: the deadline writes the batch.
+    assert_eq!(next_append(&mut appends).await, (3, false));
+    assert!(started.elapsed() >= Duration::from_millis(50));
+    assert_eq!(store.recent_requests(10).await.unwrap().len(), 3);
+    // And again for a later batch.
+    log.record(numbered_rows(3, 1).remove(0));
+    assert_eq!(next_append(&mut appends).await, (1, false));
+    assert_eq!(log.close().await.written, 4);
+}
+
+#[tokio::test]
+async fn request_log_retries_failed_batches_then_drops_them() {
+    let db = TestDb::sqlite();
+    // Two failures, then success: written on the third attempt.
+    let (store, mut appends) = WatchedStore::new(db.store().await, 2);
+    let config = RequestLogConfig {
+        write_attempts: 3,
+        retry_delay: Duration::from_millis(1),
+        ..RequestLogConfig::default()
+    };
+    let log = RequestLog::start_with(store.clone(), config.clone());
+    for row in numbered_rows(0, 4) {
+        log.record(row);
+    }
+    log.flush().await;
+    assert_eq!(next_append(&mut appends).await, (4, true));
+    assert_eq!(next_append(&mut appends).await, (4, true));
+    assert_eq!(next_append(&mut appends).await, (4, false));
+    assert_eq!(
+        log.close().await,
+        RequestLogStats {
+            written: 4,
+            dropped: 0,
+            failed: 0
+        }
+    );
+
+    // Failing every attempt: the batch is dropped and counted, flush still returns, and
+    // the writer goes on with the next batch.
+    let (store, mut appends) = WatchedStore::new(db.store().await, 3);
+    let log = RequestLog::start_with(store.clone(), config);
+    for row in numbered_rows(100, 5) {
+        log.record(row);
+    }
+    log.flush().await;
+    for _ in 0..3 {
+        assert_eq!(next_append(&mut appends).await, (5, true));
+    }
+    assert_eq!(log.stats().failed, 5);
+    log.record(numbered_rows(200, 1).remove(0));
+    log.flush().await;
+    assert_eq!(next_append(&mut appends).await, (1, false));
+    assert_eq!(
+        log.close().await,
+        RequestLogStats {
+            written: 1,
+            dropped: 0,
+            failed: 5
+        }
+    );
+    assert_eq!(store.recent_requests(100).await.unwrap().len(), 5);
+}
+
+#[tokio::test]
+async fn request_log_drops_rows_when_the_queue_is_full() {
+    let db = TestDb::sqlite();
+    let store = db.store().await;
+    let log = RequestLog::start_with(
+        store.clone(),
+        RequestLogConfig {
+            capacity: 4,
+            ..RequestLogConfig::default()
+        },
+    );
+    // A current-thread runtime: the writer cannot run while this loop does, so the queue
+    // takes 4 rows and refuses the rest, without waiting.
+    for row in numbered_rows(0, 10) {
+        log.record(row);
+    }
+    assert_eq!(log.stats().dropped, 6);
+    log.flush().await;
+    assert_eq!(
+        log.close().await,
+        RequestLogStats {
+            written: 4,
+            dropped: 6,
+            failed: 0
+        }
+    );
+    let ids: Vec<_> = store
+        .recent_requests(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.request_id)
+        .collect();
+    assert_eq!(ids, ["req_00003", "req_00002", "req_00001", "req_00000"]);
+}
+
+#[tokio::test]
+async fn sqlite_month_usage_reads_the_index_only() {
+    let db = TestDb::sqlite();
+    let store = SqliteStore::connect(&db.url).await.unwrap();
+    let rows = sqlx::query(
+        "EXPLAIN QUERY PLAN SELECT COALESCE(SUM(prompt_tokens + completion_tokens), 0) \
+         FROM usage_ledger WHERE key_id = 1 AND month = '2026-04'",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    let detail: Vec<String> = rows
+        .iter()
+        .map(|r| sqlx::Row::get::<String, _>(r, "detail"))
+        .collect();
+    assert!(
+        detail
+            .iter()
+            .any(|d| d.contains("USING COVERING INDEX usage_ledger_key_month")),
+        "{detail:?}"
+    );
 }
 
 #[test]

@@ -6,7 +6,10 @@ use sqlx::PgPool;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::PgPoolOptions;
 
-use super::{KeyRecord, KeySelector, Store, StoreError, insert_error, now_unix};
+use super::{
+    KeyRecord, KeySelector, LimitColumns, LimitOverrides, LimitUpdate, LogColumns, RequestLogRow,
+    Store, StoreError, UpdateColumns, UsageColumns, UsageRow, convert, insert_error, now_unix,
+};
 use crate::keys::NewKey;
 
 static MIGRATOR: Migrator = sqlx::migrate!("migrations/postgres");
@@ -48,10 +51,13 @@ impl Store for PostgresStore {
         name: &str,
         email: Option<&str>,
         key: &NewKey,
+        limits: &LimitOverrides,
     ) -> Result<KeyRecord, StoreError> {
+        let limits = LimitColumns::encode(limits)?;
         sqlx::query_as(concat!(
-            "INSERT INTO api_keys (name, email, prefix, key_hash, created_at) ",
-            "VALUES ($1, $2, $3, $4, $5) RETURNING ",
+            "INSERT INTO api_keys (name, email, prefix, key_hash, created_at, ",
+            "monthly_budget_tokens, requests_per_minute, max_concurrent, max_queued) ",
+            "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING ",
             key_columns!()
         ))
         .bind(name)
@@ -59,6 +65,10 @@ impl Store for PostgresStore {
         .bind(&key.prefix)
         .bind(key.hash.as_slice())
         .bind(now_unix())
+        .bind(limits.monthly_budget)
+        .bind(limits.requests_per_minute)
+        .bind(limits.max_concurrent)
+        .bind(limits.max_queued)
         .fetch_one(&self.pool)
         .await
         .map_err(|e| insert_error(e, &key.prefix))
@@ -75,6 +85,21 @@ impl Store for PostgresStore {
         .await?)
     }
 
+    async fn key(&self, id_or_prefix: &str) -> Result<Option<KeyRecord>, StoreError> {
+        let Some((id, prefix)) = KeySelector::parse(id_or_prefix).binds() else {
+            return Ok(None);
+        };
+        Ok(sqlx::query_as(concat!(
+            "SELECT ",
+            key_columns!(),
+            " FROM api_keys WHERE id = $1 OR prefix = $2"
+        ))
+        .bind(id)
+        .bind(prefix)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
     async fn list_keys(&self) -> Result<Vec<KeyRecord>, StoreError> {
         Ok(sqlx::query_as(concat!(
             "SELECT ",
@@ -86,26 +111,194 @@ impl Store for PostgresStore {
     }
 
     async fn revoke_key(&self, id_or_prefix: &str) -> Result<Option<KeyRecord>, StoreError> {
-        let query = match KeySelector::parse(id_or_prefix) {
-            KeySelector::Id(None) => return Ok(None),
-            KeySelector::Id(Some(id)) => sqlx::query_as(concat!(
-                "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $1) WHERE id = $2 RETURNING ",
-                key_columns!()
-            ))
-            .bind(now_unix())
-            .bind(id),
-            KeySelector::Prefix(prefix) => sqlx::query_as(concat!(
-                "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $1) WHERE prefix = $2 RETURNING ",
-                key_columns!()
-            ))
-            .bind(now_unix())
-            .bind(prefix),
+        let Some((id, prefix)) = KeySelector::parse(id_or_prefix).binds() else {
+            return Ok(None);
         };
-        Ok(query.fetch_optional(&self.pool).await?)
+        Ok(sqlx::query_as(concat!(
+            "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $1) ",
+            "WHERE id = $2 OR prefix = $3 RETURNING ",
+            key_columns!()
+        ))
+        .bind(now_unix())
+        .bind(id)
+        .bind(prefix)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    async fn set_limits(
+        &self,
+        id_or_prefix: &str,
+        update: &LimitUpdate,
+    ) -> Result<Option<KeyRecord>, StoreError> {
+        let update = UpdateColumns::encode(update)?;
+        let Some((id, prefix)) = KeySelector::parse(id_or_prefix).binds() else {
+            return Ok(None);
+        };
+        Ok(sqlx::query_as(concat!(
+            "UPDATE api_keys SET ",
+            "monthly_budget_tokens = ",
+            "CASE WHEN $1::BOOLEAN THEN $2::BIGINT ELSE monthly_budget_tokens END, ",
+            "requests_per_minute = ",
+            "CASE WHEN $3::BOOLEAN THEN $4::INTEGER ELSE requests_per_minute END, ",
+            "max_concurrent = ",
+            "CASE WHEN $5::BOOLEAN THEN $6::INTEGER ELSE max_concurrent END, ",
+            "max_queued = CASE WHEN $7::BOOLEAN THEN $8::INTEGER ELSE max_queued END ",
+            "WHERE id = $9 OR prefix = $10 RETURNING ",
+            key_columns!()
+        ))
+        .bind(update.monthly_budget.0)
+        .bind(update.monthly_budget.1)
+        .bind(update.requests_per_minute.0)
+        .bind(update.requests_per_minute.1)
+        .bind(update.max_concurrent.0)
+        .bind(update.max_concurrent.1)
+        .bind(update.max_queued.0)
+        .bind(update.max_queued.1)
+        .bind(id)
+        .bind(prefix)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    async fn record_usage(&self, row: &UsageRow) -> Result<(), StoreError> {
+        let counts = UsageColumns::encode(row)?;
+        sqlx::query(concat!(
+            "INSERT INTO usage_ledger ",
+            "(key_id, request_id, month, prompt_tokens, completion_tokens, created_at) ",
+            "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (request_id) DO NOTHING"
+        ))
+        .bind(row.key_id)
+        .bind(&row.request_id)
+        .bind(&row.month)
+        .bind(counts.prompt_tokens)
+        .bind(counts.completion_tokens)
+        .bind(row.created_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn month_usage(&self, key_id: i64, month: &str) -> Result<u64, StoreError> {
+        let sum: i64 = sqlx::query_scalar(concat!(
+            "SELECT COALESCE(SUM(prompt_tokens + completion_tokens), 0)::BIGINT ",
+            "FROM usage_ledger WHERE key_id = $1 AND month = $2"
+        ))
+        .bind(key_id)
+        .bind(month)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(convert(sum, "SUM(tokens)")?)
+    }
+
+    async fn append_request_log(&self, rows: &[RequestLogRow]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        // One statement, one round trip: each column goes as an array and UNNEST turns
+        // the arrays back into rows. A single statement is atomic on its own.
+        let mut c = LogArrays::with_capacity(rows.len());
+        for row in rows {
+            c.push(row);
+        }
+        sqlx::query(concat!(
+            "INSERT INTO request_log (",
+            request_log_columns!(),
+            ") SELECT * FROM UNNEST(",
+            "$1::TEXT[], $2::BIGINT[], $3::BIGINT[], $4::TEXT[], $5::TEXT[], $6::TEXT[], ",
+            "$7::TEXT[], $8::TEXT[], $9::BIGINT[], $10::BIGINT[], $11::INTEGER[], ",
+            "$12::TEXT[], $13::BIGINT[], $14::TEXT[]) ",
+            "ON CONFLICT (request_id) DO NOTHING"
+        ))
+        .bind(c.request_id)
+        .bind(c.created_at_ms)
+        .bind(c.key_id)
+        .bind(c.key_prefix)
+        .bind(c.email)
+        .bind(c.client_ip)
+        .bind(c.endpoint)
+        .bind(c.model)
+        .bind(c.prompt_tokens)
+        .bind(c.completion_tokens)
+        .bind(c.status)
+        .bind(c.error_code)
+        .bind(c.latency_ms)
+        .bind(c.workload)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn recent_requests(&self, limit: u32) -> Result<Vec<RequestLogRow>, StoreError> {
+        Ok(sqlx::query_as(concat!(
+            "SELECT ",
+            request_log_columns!(),
+            " FROM request_log ORDER BY created_at_ms DESC, id DESC LIMIT $1"
+        ))
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
+    }
+}
+
+/// `request_log` rows as one array per column, for `INSERT … SELECT * FROM UNNEST(…)`.
+struct LogArrays<'a> {
+    request_id: Vec<&'a str>,
+    created_at_ms: Vec<i64>,
+    key_id: Vec<Option<i64>>,
+    key_prefix: Vec<Option<&'a str>>,
+    email: Vec<Option<&'a str>>,
+    client_ip: Vec<Option<String>>,
+    endpoint: Vec<&'a str>,
+    model: Vec<Option<&'a str>>,
+    prompt_tokens: Vec<Option<i64>>,
+    completion_tokens: Vec<Option<i64>>,
+    status: Vec<i32>,
+    error_code: Vec<Option<&'a str>>,
+    latency_ms: Vec<i64>,
+    workload: Vec<Option<&'a str>>,
+}
+
+impl<'a> LogArrays<'a> {
+    fn with_capacity(n: usize) -> Self {
+        Self {
+            request_id: Vec::with_capacity(n),
+            created_at_ms: Vec::with_capacity(n),
+            key_id: Vec::with_capacity(n),
+            key_prefix: Vec::with_capacity(n),
+            email: Vec::with_capacity(n),
+            client_ip: Vec::with_capacity(n),
+            endpoint: Vec::with_capacity(n),
+            model: Vec::with_capacity(n),
+            prompt_tokens: Vec::with_capacity(n),
+            completion_tokens: Vec::with_capacity(n),
+            status: Vec::with_capacity(n),
+            error_code: Vec::with_capacity(n),
+            latency_ms: Vec::with_capacity(n),
+            workload: Vec::with_capacity(n),
+        }
+    }
+
+    fn push(&mut self, row: &'a RequestLogRow) {
+        let columns = LogColumns::encode(row);
+        self.request_id.push(&row.request_id);
+        self.created_at_ms.push(row.created_at_ms);
+        self.key_id.push(row.key_id);
+        self.key_prefix.push(row.key_prefix.as_deref());
+        self.email.push(row.email.as_deref());
+        self.client_ip.push(columns.client_ip);
+        self.endpoint.push(&row.endpoint);
+        self.model.push(row.model.as_deref());
+        self.prompt_tokens.push(columns.prompt_tokens);
+        self.completion_tokens.push(columns.completion_tokens);
+        self.status.push(columns.status);
+        self.error_code.push(row.error_code.as_deref());
+        self.latency_ms.push(columns.latency_ms);
+        self.workload.push(row.workload.as_deref());
     }
 }

@@ -7,7 +7,10 @@ use sqlx::SqlitePool;
 use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
-use super::{KeyRecord, KeySelector, Store, StoreError, insert_error, now_unix};
+use super::{
+    KeyRecord, KeySelector, LimitColumns, LimitOverrides, LimitUpdate, LogColumns, RequestLogRow,
+    Store, StoreError, UpdateColumns, UsageColumns, UsageRow, convert, insert_error, now_unix,
+};
 use crate::keys::NewKey;
 
 static MIGRATOR: Migrator = sqlx::migrate!("migrations/sqlite");
@@ -145,10 +148,13 @@ impl Store for SqliteStore {
         name: &str,
         email: Option<&str>,
         key: &NewKey,
+        limits: &LimitOverrides,
     ) -> Result<KeyRecord, StoreError> {
+        let limits = LimitColumns::encode(limits)?;
         sqlx::query_as(concat!(
-            "INSERT INTO api_keys (name, email, prefix, key_hash, created_at) ",
-            "VALUES (?, ?, ?, ?, ?) RETURNING ",
+            "INSERT INTO api_keys (name, email, prefix, key_hash, created_at, ",
+            "monthly_budget_tokens, requests_per_minute, max_concurrent, max_queued) ",
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING ",
             key_columns!()
         ))
         .bind(name)
@@ -156,6 +162,10 @@ impl Store for SqliteStore {
         .bind(&key.prefix)
         .bind(key.hash.as_slice())
         .bind(now_unix())
+        .bind(limits.monthly_budget)
+        .bind(limits.requests_per_minute)
+        .bind(limits.max_concurrent)
+        .bind(limits.max_queued)
         .fetch_one(&self.pool)
         .await
         .map_err(|e| insert_error(e, &key.prefix))
@@ -172,6 +182,21 @@ impl Store for SqliteStore {
         .await?)
     }
 
+    async fn key(&self, id_or_prefix: &str) -> Result<Option<KeyRecord>, StoreError> {
+        let Some((id, prefix)) = KeySelector::parse(id_or_prefix).binds() else {
+            return Ok(None);
+        };
+        Ok(sqlx::query_as(concat!(
+            "SELECT ",
+            key_columns!(),
+            " FROM api_keys WHERE id = ? OR prefix = ?"
+        ))
+        .bind(id)
+        .bind(prefix)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
     async fn list_keys(&self) -> Result<Vec<KeyRecord>, StoreError> {
         Ok(sqlx::query_as(concat!(
             "SELECT ",
@@ -183,22 +208,128 @@ impl Store for SqliteStore {
     }
 
     async fn revoke_key(&self, id_or_prefix: &str) -> Result<Option<KeyRecord>, StoreError> {
-        let query = match KeySelector::parse(id_or_prefix) {
-            KeySelector::Id(None) => return Ok(None),
-            KeySelector::Id(Some(id)) => sqlx::query_as(concat!(
-                "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, ?) WHERE id = ? RETURNING ",
-                key_columns!()
-            ))
-            .bind(now_unix())
-            .bind(id),
-            KeySelector::Prefix(prefix) => sqlx::query_as(concat!(
-                "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, ?) WHERE prefix = ? RETURNING ",
-                key_columns!()
-            ))
-            .bind(now_unix())
-            .bind(prefix),
+        let Some((id, prefix)) = KeySelector::parse(id_or_prefix).binds() else {
+            return Ok(None);
         };
-        Ok(query.fetch_optional(&self.pool).await?)
+        Ok(sqlx::query_as(concat!(
+            "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, ?) ",
+            "WHERE id = ? OR prefix = ? RETURNING ",
+            key_columns!()
+        ))
+        .bind(now_unix())
+        .bind(id)
+        .bind(prefix)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    async fn set_limits(
+        &self,
+        id_or_prefix: &str,
+        update: &LimitUpdate,
+    ) -> Result<Option<KeyRecord>, StoreError> {
+        let update = UpdateColumns::encode(update)?;
+        let Some((id, prefix)) = KeySelector::parse(id_or_prefix).binds() else {
+            return Ok(None);
+        };
+        Ok(sqlx::query_as(concat!(
+            "UPDATE api_keys SET ",
+            "monthly_budget_tokens = CASE WHEN ? THEN ? ELSE monthly_budget_tokens END, ",
+            "requests_per_minute = CASE WHEN ? THEN ? ELSE requests_per_minute END, ",
+            "max_concurrent = CASE WHEN ? THEN ? ELSE max_concurrent END, ",
+            "max_queued = CASE WHEN ? THEN ? ELSE max_queued END ",
+            "WHERE id = ? OR prefix = ? RETURNING ",
+            key_columns!()
+        ))
+        .bind(update.monthly_budget.0)
+        .bind(update.monthly_budget.1)
+        .bind(update.requests_per_minute.0)
+        .bind(update.requests_per_minute.1)
+        .bind(update.max_concurrent.0)
+        .bind(update.max_concurrent.1)
+        .bind(update.max_queued.0)
+        .bind(update.max_queued.1)
+        .bind(id)
+        .bind(prefix)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    async fn record_usage(&self, row: &UsageRow) -> Result<(), StoreError> {
+        let counts = UsageColumns::encode(row)?;
+        sqlx::query(concat!(
+            "INSERT INTO usage_ledger ",
+            "(key_id, request_id, month, prompt_tokens, completion_tokens, created_at) ",
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (request_id) DO NOTHING"
+        ))
+        .bind(row.key_id)
+        .bind(&row.request_id)
+        .bind(&row.month)
+        .bind(counts.prompt_tokens)
+        .bind(counts.completion_tokens)
+        .bind(row.created_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn month_usage(&self, key_id: i64, month: &str) -> Result<u64, StoreError> {
+        let sum: i64 = sqlx::query_scalar(concat!(
+            "SELECT COALESCE(SUM(prompt_tokens + completion_tokens), 0) ",
+            "FROM usage_ledger WHERE key_id = ? AND month = ?"
+        ))
+        .bind(key_id)
+        .bind(month)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(convert(sum, "SUM(tokens)")?)
+    }
+
+    async fn append_request_log(&self, rows: &[RequestLogRow]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        // One prepared statement (cached on the connection), one transaction: in-process
+        // inserts cost microseconds, the commit is the only sync.
+        let mut tx = self.pool.begin().await?;
+        for row in rows {
+            let columns = LogColumns::encode(row);
+            sqlx::query(concat!(
+                "INSERT INTO request_log (",
+                request_log_columns!(),
+                ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ",
+                "ON CONFLICT (request_id) DO NOTHING"
+            ))
+            .bind(&row.request_id)
+            .bind(row.created_at_ms)
+            .bind(row.key_id)
+            .bind(row.key_prefix.as_deref())
+            .bind(row.email.as_deref())
+            .bind(columns.client_ip)
+            .bind(&row.endpoint)
+            .bind(row.model.as_deref())
+            .bind(columns.prompt_tokens)
+            .bind(columns.completion_tokens)
+            .bind(columns.status)
+            .bind(row.error_code.as_deref())
+            .bind(columns.latency_ms)
+            .bind(row.workload.as_deref())
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn recent_requests(&self, limit: u32) -> Result<Vec<RequestLogRow>, StoreError> {
+        Ok(sqlx::query_as(concat!(
+            "SELECT ",
+            request_log_columns!(),
+            " FROM request_log ORDER BY created_at_ms DESC, id DESC LIMIT ?"
+        ))
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
