@@ -31,7 +31,11 @@ pub fn admin_routes() -> OpenApiRouter<AppState> {
 }
 
 /// Lets a request through only with `Authorization: Bearer <admin_token>`.
-pub async fn require_admin(State(state): State<AppState>, request: Request, next: Next) -> Result<Response, ApiError> {
+pub async fn require_admin(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
     let Some(token) = &state.config().admin_token else {
         return Err(ApiError::NotFound {
             method: request.method().to_string(),
@@ -122,7 +126,9 @@ pub struct LimitsPatch {
 }
 
 /// A field that is present (possibly `null`) becomes `Some`.
-fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<Option<T>>, D::Error> {
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<Option<T>>, D::Error> {
     Option::<T>::deserialize(d).map(Some)
 }
 
@@ -215,15 +221,24 @@ pub async fn create_key(
     responses((status = 200, body = Vec<KeyView>), (status = 401, body = crate::openapi::ErrorEnvelopeDoc)),
     security(("admin" = [])))]
 pub async fn list_keys(State(state): State<AppState>) -> Result<Json<Vec<KeyView>>, ApiError> {
-    let records = state.store().list_keys().await.map_err(ApiError::internal)?;
-    Ok(Json(records.iter().map(|r| KeyView::new(&state, r)).collect()))
+    let records = state
+        .store()
+        .list_keys()
+        .await
+        .map_err(ApiError::internal)?;
+    Ok(Json(
+        records.iter().map(|r| KeyView::new(&state, r)).collect(),
+    ))
 }
 
 #[utoipa::path(get, path = "/admin/keys/{key}", tag = "admin",
     params(("key" = String, Path, description = "Key id or prefix")),
     responses((status = 200, body = KeyView), (status = 404, body = crate::openapi::ErrorEnvelopeDoc)),
     security(("admin" = [])))]
-pub async fn show_key(State(state): State<AppState>, Path(key): Path<String>) -> Result<Json<KeyView>, ApiError> {
+pub async fn show_key(
+    State(state): State<AppState>,
+    Path(key): Path<String>,
+) -> Result<Json<KeyView>, ApiError> {
     let record = find(&state, &key).await?;
     Ok(Json(KeyView::new(&state, &record)))
 }
@@ -232,7 +247,10 @@ pub async fn show_key(State(state): State<AppState>, Path(key): Path<String>) ->
     params(("key" = String, Path, description = "Key id or prefix")),
     responses((status = 200, body = KeyView), (status = 404, body = crate::openapi::ErrorEnvelopeDoc)),
     security(("admin" = [])))]
-pub async fn revoke_key(State(state): State<AppState>, Path(key): Path<String>) -> Result<Json<KeyView>, ApiError> {
+pub async fn revoke_key(
+    State(state): State<AppState>,
+    Path(key): Path<String>,
+) -> Result<Json<KeyView>, ApiError> {
     let record = state
         .store()
         .revoke_key(&key)
@@ -272,8 +290,13 @@ pub async fn set_limits(
     params(("key" = String, Path, description = "Key id or prefix")),
     responses((status = 200, body = KeyUsage), (status = 404, body = crate::openapi::ErrorEnvelopeDoc)),
     security(("admin" = [])))]
-pub async fn usage(State(state): State<AppState>, Path(key): Path<String>) -> Result<Json<KeyUsage>, ApiError> {
+pub async fn usage(
+    State(state): State<AppState>,
+    Path(key): Path<String>,
+) -> Result<Json<KeyUsage>, ApiError> {
     let record = find(&state, &key).await?;
     let limits = KeyLimits::resolve(&state.config().limits, &record.limits);
-    key_usage(&state, record.id, &record.prefix, &limits).await.map(Json)
+    key_usage(&state, record.id, &record.prefix, &limits)
+        .await
+        .map(Json)
 }

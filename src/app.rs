@@ -42,7 +42,11 @@ struct Inner {
 }
 
 impl AppState {
-    pub fn new(config: Config, store: Arc<dyn Store>, limiter: Arc<dyn Limiter>) -> anyhow::Result<Self> {
+    pub fn new(
+        config: Config,
+        store: Arc<dyn Store>,
+        limiter: Arc<dyn Limiter>,
+    ) -> anyhow::Result<Self> {
         let upstream = UpstreamClient::new(&config.upstream)?;
         let fleet = Fleet::new(&config);
         Ok(Self(Arc::new(Inner {
@@ -115,7 +119,10 @@ pub fn build_router(state: AppState) -> Router {
         ))
         .split_for_parts();
     let (admin, _) = admin::admin_routes()
-        .route_layer(middleware::from_fn_with_state(state.clone(), admin::require_admin))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            admin::require_admin,
+        ))
         .split_for_parts();
     let (open, _) = OpenApiRouter::new()
         .routes(routes!(health::health))

@@ -211,9 +211,11 @@ impl Config {
     }
 
     fn from_figment(figment: Figment) -> Result<Self, ConfigError> {
-        let env = Env::prefixed("FLEETGATE_")
-            .split("__")
-            .filter(|key| !ENV_NOT_CONFIG.iter().any(|k| key.as_str() == *k));
+        let env = Env::prefixed("FLEETGATE_").split("__").filter(|key| {
+            !ENV_NOT_CONFIG
+                .iter()
+                .any(|k| key.as_str().eq_ignore_ascii_case(k))
+        });
         let config: Config = figment.merge(env).extract().map_err(Box::new)?;
         config.validate()?;
         Ok(config)

@@ -57,7 +57,9 @@ pub enum ApiError {
     UpstreamUnavailable(String),
     #[error("This key started more than {rpm} requests per minute. Retry after {} s.", retry_after_secs(.retry_after))]
     RateLimited { rpm: u32, retry_after: Duration },
-    #[error("This key has {running} requests running and {queued} waiting, the most allowed. Retry shortly.")]
+    #[error(
+        "This key has {running} requests running and {queued} waiting, the most allowed. Retry shortly."
+    )]
     QueueFull {
         running: u32,
         queued: u32,
@@ -213,11 +215,17 @@ impl IntoResponse for ApiError {
                 headers.insert(http::header::RETRY_AFTER, UPSTREAM_RETRY_AFTER_SECS.into());
             }
             Self::RateLimited { retry_after, .. } | Self::QueueFull { retry_after, .. } => {
-                headers.insert(http::header::RETRY_AFTER, retry_after_secs(retry_after).into());
+                headers.insert(
+                    http::header::RETRY_AFTER,
+                    retry_after_secs(retry_after).into(),
+                );
             }
             Self::BudgetExceeded { retry_after, .. } => {
                 // Retrying cannot help before the month turns; say so to SDKs that retry.
-                headers.insert(http::header::RETRY_AFTER, retry_after_secs(retry_after).into());
+                headers.insert(
+                    http::header::RETRY_AFTER,
+                    retry_after_secs(retry_after).into(),
+                );
                 headers.insert(X_SHOULD_RETRY, HeaderValue::from_static("false"));
             }
             Self::AdmissionUnavailable => {

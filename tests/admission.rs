@@ -1,7 +1,11 @@
 //! Admission over HTTP (in-process counters): budget clamps and refusals, the per-key
 //! queue, the rate limit, and slots coming back on every path.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, reason = "a test fails by panicking")]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails by panicking"
+)]
 
 mod common;
 
@@ -45,7 +49,14 @@ async fn a_request_over_budget_is_clamped_and_says_so_for_a_client_max_tokens() 
 
 #[tokio::test]
 async fn the_injected_default_is_clamped_with_source_default() {
-    let gw = Gateway::start_with(MockConfig { max_model_len: 4096, ..MockConfig::default() }, "").await;
+    let gw = Gateway::start_with(
+        MockConfig {
+            max_model_len: 4096,
+            ..MockConfig::default()
+        },
+        "",
+    )
+    .await;
     let (_, key) = gw.create_key(budget(1000)).await;
     let body = json!({"model": MODEL, "prompt": prompt(10), "stream": true}).to_string();
     let response = gw.complete_as(&key, &body).send().await.unwrap();
@@ -78,7 +89,14 @@ async fn a_used_up_budget_is_429_budget_exceeded_and_not_retryable() {
     assert_eq!(gw.usage(&key).await["used"], 20);
     let response = gw.complete_as(&key, &body).send().await.unwrap();
     assert_eq!(response.headers()["x-should-retry"], "false");
-    assert!(response.headers()["retry-after"].to_str().unwrap().parse::<u64>().unwrap() > 0);
+    assert!(
+        response.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            > 0
+    );
     expect_error(response, 429, "budget_exceeded").await;
     assert_eq!(gw.upstream_completions().len(), 1);
 }
@@ -132,8 +150,17 @@ async fn sixteen_run_sixty_four_wait_and_the_rest_are_refused() {
     let refused = gw.complete_as(&key, &body).send().await.unwrap();
     assert!(refused.headers().contains_key("retry-after"));
     let error = expect_error(refused, 429, "queue_full").await;
-    assert!(error["error"]["message"].as_str().unwrap().contains("16 requests running and 64 waiting"));
-    assert_eq!(gw.mock.in_flight(), 16, "the waiting ones did not reach the upstream");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("16 requests running and 64 waiting")
+    );
+    assert_eq!(
+        gw.mock.in_flight(),
+        16,
+        "the waiting ones did not reach the upstream"
+    );
     gw.mock.open_gate();
     for handle in running.into_iter().chain(waiting) {
         assert_eq!(timeout(WAIT, handle).await.unwrap().unwrap(), 200);
@@ -144,11 +171,12 @@ async fn sixteen_run_sixty_four_wait_and_the_rest_are_refused() {
 #[tokio::test]
 async fn waiting_requests_start_in_arrival_order() {
     let gw = Gateway::start().await;
-    let (key_id, key) = gw.create_key(LimitOverrides {
-        max_concurrent: Some(1),
-        ..LimitOverrides::default()
-    })
-    .await;
+    let (key_id, key) = gw
+        .create_key(LimitOverrides {
+            max_concurrent: Some(1),
+            ..LimitOverrides::default()
+        })
+        .await;
     gw.mock.close_gate();
     let send = |i: u32| {
         let body = json!({"model": MODEL, "prompt": prompt(i + 1), "max_tokens": 1}).to_string();
@@ -177,12 +205,13 @@ async fn waiting_requests_start_in_arrival_order() {
 #[tokio::test]
 async fn a_waiting_client_that_disconnects_leaves_the_queue() {
     let gw = Gateway::start().await;
-    let (key_id, key) = gw.create_key(LimitOverrides {
-        max_concurrent: Some(1),
-        max_queued: Some(1),
-        ..LimitOverrides::default()
-    })
-    .await;
+    let (key_id, key) = gw
+        .create_key(LimitOverrides {
+            max_concurrent: Some(1),
+            max_queued: Some(1),
+            ..LimitOverrides::default()
+        })
+        .await;
     gw.mock.close_gate();
     let body = json!({"model": MODEL, "prompt": prompt(2), "max_tokens": 1}).to_string();
     let first = {
@@ -210,11 +239,12 @@ async fn a_waiting_client_that_disconnects_leaves_the_queue() {
 #[tokio::test]
 async fn the_rate_limit_trips_at_the_configured_rate_not_before() {
     let gw = Gateway::start().await;
-    let (_, key) = gw.create_key(LimitOverrides {
-        requests_per_minute: Some(60),
-        ..LimitOverrides::default()
-    })
-    .await;
+    let (_, key) = gw
+        .create_key(LimitOverrides {
+            requests_per_minute: Some(60),
+            ..LimitOverrides::default()
+        })
+        .await;
     let body = json!({"model": MODEL, "prompt": prompt(2), "max_tokens": 1}).to_string();
     let start = Instant::now();
     let mut allowed = 0u64;
@@ -229,20 +259,31 @@ async fn the_rate_limit_trips_at_the_configured_rate_not_before() {
     };
     // 60 at once, plus one per second that passed while sending them.
     let elapsed = start.elapsed().as_secs();
-    assert!((60..=61 + elapsed).contains(&allowed), "{allowed} allowed in {elapsed} s");
-    assert!(refused.headers()["retry-after"].to_str().unwrap().parse::<u64>().unwrap() <= 1);
+    assert!(
+        (60..=61 + elapsed).contains(&allowed),
+        "{allowed} allowed in {elapsed} s"
+    );
+    assert!(
+        refused.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            <= 1
+    );
     expect_error(refused, 429, "rate_limited").await;
 }
 
 #[tokio::test]
 async fn slots_come_back_after_an_upstream_failure_and_cost_nothing() {
     let gw = Gateway::start().await;
-    let (key_id, key) = gw.create_key(LimitOverrides {
-        max_concurrent: Some(1),
-        max_queued: Some(0),
-        ..LimitOverrides::default()
-    })
-    .await;
+    let (key_id, key) = gw
+        .create_key(LimitOverrides {
+            max_concurrent: Some(1),
+            max_queued: Some(0),
+            ..LimitOverrides::default()
+        })
+        .await;
     let body = json!({"model": MODEL, "prompt": prompt(5), "max_tokens": 5}).to_string();
     gw.mock.set_failure(FailureMode::Status500);
     let failed = gw.complete_as(&key, &body).send().await.unwrap();
@@ -253,9 +294,16 @@ async fn slots_come_back_after_an_upstream_failure_and_cost_nothing() {
     assert_eq!(refused.status(), 503);
     gw.wait_occupancy(key_id, 0, 0).await;
     gw.mock.set_failure(FailureMode::None);
-    assert_eq!(gw.complete_as(&key, &body).send().await.unwrap().status(), 200);
+    assert_eq!(
+        gw.complete_as(&key, &body).send().await.unwrap().status(),
+        200
+    );
     gw.wait_occupancy(key_id, 0, 0).await;
-    assert_eq!(gw.usage(&key).await["used"], 10, "only the served request was charged");
+    assert_eq!(
+        gw.usage(&key).await["used"],
+        10,
+        "only the served request was charged"
+    );
 }
 
 #[tokio::test]
@@ -268,36 +316,56 @@ async fn a_stream_whose_client_vanished_frees_its_slot_and_is_charged_what_was_g
         "",
     )
     .await;
-    let (key_id, key) = gw.create_key(LimitOverrides {
-        max_concurrent: Some(1),
-        max_queued: Some(0),
-        ..LimitOverrides::default()
-    })
-    .await;
-    let body = json!({"model": MODEL, "prompt": prompt(5), "max_tokens": 500, "stream": true}).to_string();
+    let (key_id, key) = gw
+        .create_key(LimitOverrides {
+            max_concurrent: Some(1),
+            max_queued: Some(0),
+            ..LimitOverrides::default()
+        })
+        .await;
+    let body =
+        json!({"model": MODEL, "prompt": prompt(5), "max_tokens": 500, "stream": true}).to_string();
     let mut response = gw.complete_as(&key, &body).send().await.unwrap();
     let mut frames = 0;
     while frames < 3 {
-        let chunk = timeout(WAIT, response.chunk()).await.unwrap().unwrap().unwrap();
+        let chunk = timeout(WAIT, response.chunk())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
         frames += chunk.windows(6).filter(|w| w == b"data: ").count();
     }
     drop(response);
     timeout(WAIT, gw.mock.wait_cancelled(1)).await.unwrap();
     gw.wait_occupancy(key_id, 0, 0).await;
     let used = gw.usage(&key).await["used"].as_u64().unwrap();
-    assert!(used >= 5 + 3, "charged at least the prompt and the frames relayed: {used}");
+    assert!(
+        used >= 5 + 3,
+        "charged at least the prompt and the frames relayed: {used}"
+    );
     assert!(used < 5 + 500, "charged less than the worst case: {used}");
     // The slot is free: the next request runs at once instead of 429 queue_full.
     let next = json!({"model": MODEL, "prompt": prompt(5), "max_tokens": 1}).to_string();
-    assert_eq!(gw.complete_as(&key, &next).send().await.unwrap().status(), 200);
+    assert_eq!(
+        gw.complete_as(&key, &next).send().await.unwrap().status(),
+        200
+    );
 }
 
 #[tokio::test]
 async fn streams_are_metered_and_the_usage_frame_is_only_sent_when_asked_for() {
     let gw = Gateway::start().await;
     let (key_id, key) = gw.create_key(LimitOverrides::default()).await;
-    let body = json!({"model": MODEL, "prompt": prompt(4), "max_tokens": 6, "stream": true}).to_string();
-    let text = gw.complete_as(&key, &body).send().await.unwrap().text().await.unwrap();
+    let body =
+        json!({"model": MODEL, "prompt": prompt(4), "max_tokens": 6, "stream": true}).to_string();
+    let text = gw
+        .complete_as(&key, &body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(!text.contains("\"choices\":[]"), "no usage frame: {text}");
     assert!(text.ends_with("data: [DONE]\n\n"));
     assert_eq!(

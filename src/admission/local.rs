@@ -18,9 +18,12 @@ pub struct LocalLimiter {
     /// Bumped whenever a slot or queue place changes hands (see [`LocalLimiter::changes`]).
     changes: watch::Sender<u64>,
     /// Counters seeded from the ledger, once per key and month.
-    seeds: Mutex<HashMap<(i64, Month), Arc<OnceCell<()>>>>,
+    seeds: Mutex<HashMap<(i64, Month), SeedOnce>>,
     source: Arc<dyn UsageSource>,
 }
+
+/// Completed once the ledger's usage is in the counter.
+type SeedOnce = Arc<OnceCell<()>>;
 
 #[derive(Default)]
 struct KeyState {
@@ -168,7 +171,9 @@ impl Limiter for LocalLimiter {
         let state = keys.entry(key).or_default();
         state.check_rate(limits.requests_per_minute, Instant::now())?;
         let admitted = if state.queue.is_empty() && state.has_free_slot(limits) {
-            state.start(limits, cost, lease, month).map(Admitted::Running)
+            state
+                .start(limits, cost, lease, month)
+                .map(Admitted::Running)
         } else if state.queue.len() >= limits.max_queued as usize {
             Err(Denial::QueueFull {
                 retry_after: QUEUE_FULL_RETRY_AFTER,

@@ -1,7 +1,7 @@
 //! The admission step of a completion: ask the key's limiter for a running slot and a
 //! budget reservation, waiting in the key's queue when all slots are taken.
 
-use crate::admission::{Admitted, Cost, Denial, Grant, KeyLimits, Limiter};
+use crate::admission::{Admitted, Cost, Denial, Grant, KeyLimits};
 use crate::app::AppState;
 use crate::error::ApiError;
 

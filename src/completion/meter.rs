@@ -165,7 +165,8 @@ impl JsonMeter {
     fn keep(&mut self, chunk: &[u8]) {
         if chunk.len() >= JSON_TAIL {
             self.tail.clear();
-            self.tail.extend_from_slice(&chunk[chunk.len() - JSON_TAIL..]);
+            self.tail
+                .extend_from_slice(&chunk[chunk.len() - JSON_TAIL..]);
             return;
         }
         let overflow = (self.tail.len() + chunk.len()).saturating_sub(JSON_TAIL);
@@ -220,7 +221,13 @@ mod tests {
         let mut meter = Meter::sse(true);
         let out = run(&mut meter, &[CONTENT, CONTENT_1, USAGE, DONE]);
         assert_eq!(out, [CONTENT, CONTENT_1, USAGE, DONE].concat());
-        assert_eq!(meter.reported(), Some(Counts { prompt_tokens: 3, completion_tokens: 3 }));
+        assert_eq!(
+            meter.reported(),
+            Some(Counts {
+                prompt_tokens: 3,
+                completion_tokens: 3
+            })
+        );
         assert_eq!(meter.generated(), 3);
     }
 
@@ -261,6 +268,12 @@ mod tests {
         let (a, b) = body.split_at(body.len() - 40);
         let out = run(&mut meter, &[a, b]);
         assert_eq!(out, body);
-        assert_eq!(meter.reported(), Some(Counts { prompt_tokens: 7, completion_tokens: 2 }));
+        assert_eq!(
+            meter.reported(),
+            Some(Counts {
+                prompt_tokens: 7,
+                completion_tokens: 2
+            })
+        );
     }
 }

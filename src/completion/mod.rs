@@ -8,8 +8,8 @@ pub mod relay;
 pub mod request;
 pub mod settle;
 
-use axum::body::Body;
 use axum::Extension;
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
@@ -138,7 +138,11 @@ async fn forward(
     };
     let mut response = relay::relay(upstream, settlement, request.include_usage()).await?;
     if clamped {
-        let source = if plan.default_max_tokens { "default" } else { "client" };
+        let source = if plan.default_max_tokens {
+            "default"
+        } else {
+            "client"
+        };
         let value = format!(
             "requested={},applied={applied},reason=budget,source={source}",
             plan.cost.max_tokens

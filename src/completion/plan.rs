@@ -102,7 +102,12 @@ impl Planner<'_> {
         };
         let count = self
             .client
-            .count_tokens(self.upstream, self.served, text, request.add_special_tokens())
+            .count_tokens(
+                self.upstream,
+                self.served,
+                text,
+                request.add_special_tokens(),
+            )
             .await?;
         tokens.counts[index] = count;
         tokens.exact[index] = true;

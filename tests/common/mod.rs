@@ -13,9 +13,9 @@ use fleetgate::admission::ledger::LedgerUsage;
 use fleetgate::admission::local::LocalLimiter;
 use fleetgate::app::AppState;
 use fleetgate::config::Config;
-use fleetgate::store::LimitOverrides;
 use fleetgate::mock_vllm::{MockConfig, MockVllm};
 use fleetgate::server;
+use fleetgate::store::LimitOverrides;
 use tokio::sync::oneshot;
 
 pub const MODEL: &str = "llama-8b";
@@ -69,7 +69,9 @@ gpu = "gpu-a"
 
     pub async fn start_config(mock: MockVllm, toml: &str, dir: tempfile::TempDir) -> Self {
         let config = Config::from_toml(toml).unwrap();
-        let store = fleetgate::store::connect(&config.database_url).await.unwrap();
+        let store = fleetgate::store::connect(&config.database_url)
+            .await
+            .unwrap();
         let limiter = Arc::new(LocalLimiter::new(Arc::new(LedgerUsage(Arc::clone(&store)))));
         let state = AppState::new(config, store, limiter.clone()).unwrap();
         let key = fleetgate::keys::generate();

@@ -1376,7 +1376,11 @@ fn upstream_streams_always_ask_for_usage() {
         r#"{"model":"m","prompt":"hi","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true},"max_tokens":3}"#,
     );
     assert_eq!(
-        upstream(r#"{"prompt":"hi","stream":false,"max_tokens":3}"#, "m", None),
+        upstream(
+            r#"{"prompt":"hi","stream":false,"max_tokens":3}"#,
+            "m",
+            None
+        ),
         r#"{"model":"m","prompt":"hi","stream":false,"max_tokens":3}"#,
     );
 }
