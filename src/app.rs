@@ -17,8 +17,9 @@ use crate::admission::Limiter;
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::fleet::Fleet;
-use crate::http::{auth, envelope, fallback};
+use crate::http::{auth, envelope, fallback, request_record};
 use crate::openapi::ApiDoc;
+use crate::request_log::RequestLog;
 use crate::store::Store;
 use crate::upstream::UpstreamClient;
 use crate::{admin, completion, health, models, usage};
@@ -30,6 +31,8 @@ struct Inner {
     config: Config,
     /// Live per-key counters: rate, slots, queue, budget reservations.
     limiter: Arc<dyn Limiter>,
+    /// The request metadata log's writer.
+    request_log: RequestLog,
     /// Work that must finish even when its request is gone (settling, leaving a queue);
     /// waited for on shutdown.
     tasks: TaskTracker,
@@ -52,6 +55,7 @@ impl AppState {
         Ok(Self(Arc::new(Inner {
             config,
             limiter,
+            request_log: RequestLog::start(Arc::clone(&store)),
             tasks: TaskTracker::new(),
             store,
             fleet,
@@ -80,6 +84,9 @@ impl AppState {
     }
     pub fn tasks(&self) -> &TaskTracker {
         &self.0.tasks
+    }
+    pub fn request_log(&self) -> &RequestLog {
+        &self.0.request_log
     }
 
     /// Learns what every upstream serves, so the first requests need not wait for it.
@@ -134,6 +141,8 @@ pub fn build_router(state: AppState) -> Router {
     //   included (it leaves text/event-stream alone);
     // - the envelope sets the request id before tracing opens its span, and renders
     //   every error response produced beneath it, panics included;
+    // - the request record sits inside the envelope so it sees each error's code before
+    //   the envelope renders it, and outside catch-panic so a panic is logged as a 500;
     // - catch-panic turns a panic into a 500 that the envelope then renders.
     Router::new()
         .merge(v1)
@@ -148,6 +157,10 @@ pub fn build_router(state: AppState) -> Router {
                     "handler panicked"
                 )))
             },
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            request_record::record,
         ))
         .layer(TraceLayer::new_for_http().make_span_with(trace_span))
         .layer(middleware::from_fn(envelope::envelope))

@@ -46,6 +46,7 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     state.discover_upstreams().await;
     let tasks = state.tasks().clone();
+    let request_log = state.request_log().clone();
     let router = build_router(state);
     axum::serve(
         listener,
@@ -56,6 +57,12 @@ pub async fn serve(
     // Settlements of the last requests (ledger rows, released slots).
     tasks.close();
     tasks.wait().await;
+    let stats = request_log.close().await;
+    tracing::info!(
+        written = stats.written,
+        dropped = stats.dropped,
+        "request log closed"
+    );
     Ok(())
 }
 

@@ -21,6 +21,7 @@ use crate::fleet::{Served, Upstream};
 use crate::http::auth::Caller;
 use crate::http::body::{read_limited, require_json};
 use crate::http::envelope::RequestId;
+use crate::http::request_record::RequestRecord;
 use plan::Planner;
 use request::CompletionRequest;
 use settle::Settlement;
@@ -66,6 +67,7 @@ pub async fn create_completion(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Extension(request_id): Extension<RequestId>,
+    Extension(record): Extension<RequestRecord>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -73,6 +75,7 @@ pub async fn create_completion(
     let bytes = read_limited(&headers, body, state.config().max_body_bytes).await?;
     let request = CompletionRequest::parse(&bytes)?;
     let model = state.fleet().resolve(request.model())?;
+    record.set_model(&model.id);
     request.check_logprobs_cap(model.max_logprobs)?;
 
     let upstream = model.pick();
@@ -84,7 +87,7 @@ pub async fn create_completion(
                 upstream: &upstream,
                 served: &served,
             };
-            forward(&state, &caller, &request_id.0, &request, target).await
+            forward(&state, &caller, &request_id.0, record, &request, target).await
         }
         Err(err) => Err(err.into()),
     };
@@ -105,6 +108,7 @@ async fn forward(
     state: &AppState,
     caller: &Caller,
     request_id: &str,
+    record: RequestRecord,
     request: &CompletionRequest<'_>,
     target: Target<'_>,
 ) -> Result<Response, ApiError> {
@@ -124,6 +128,7 @@ async fn forward(
         request_id.to_owned(),
         grant,
         plan.cost.prompt_tokens,
+        record,
     );
     let applied = settlement.grant().max_tokens;
     let clamped = applied < plan.cost.max_tokens;

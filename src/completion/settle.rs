@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crate::admission::{Grant, Limiter};
 use crate::app::AppState;
 use crate::completion::meter::Meter;
+use crate::http::request_record::RequestRecord;
 use crate::store::UsageRow;
 
 /// Owns an admitted request's slot and reservation until it is settled; dropping it
@@ -21,14 +22,25 @@ pub struct Settlement {
     /// did not report usage.
     prompt_tokens: u64,
     pub meter: Meter,
+    /// The request's metadata row, held open until the request is settled.
+    record: RequestRecord,
     /// Whether the upstream accepted the request (an error status costs nothing).
     charged: bool,
     settled: bool,
 }
 
 impl Settlement {
-    pub fn new(state: AppState, key: i64, lease: String, grant: Grant, prompt_tokens: u64) -> Self {
+    pub fn new(
+        state: AppState,
+        key: i64,
+        lease: String,
+        grant: Grant,
+        prompt_tokens: u64,
+        record: RequestRecord,
+    ) -> Self {
+        record.hold();
         Self {
+            record,
             state,
             key,
             lease,
@@ -68,6 +80,8 @@ impl Settlement {
             return;
         }
         let (prompt_tokens, completion_tokens) = self.tokens();
+        self.record.set_tokens(prompt_tokens, completion_tokens);
+        self.record.release();
         let state = self.state.clone();
         let limiter: Arc<dyn Limiter> = state.limiter_handle();
         let (key, lease, grant) = (self.key, self.lease.clone(), self.grant.clone());

@@ -9,6 +9,7 @@ use axum::response::Response;
 
 use crate::app::AppState;
 use crate::error::ApiError;
+use crate::http::request_record::RequestRecord;
 use crate::keys;
 use crate::store::LimitOverrides;
 
@@ -29,6 +30,9 @@ pub async fn require_key(
 ) -> Result<Response, ApiError> {
     let caller = authenticate(&state, request.headers()).await?;
     tracing::Span::current().record("key_prefix", caller.key_prefix.as_str());
+    if let Some(record) = request.extensions().get::<RequestRecord>() {
+        record.set_caller(caller.key_id, &caller.key_prefix, caller.email.as_deref());
+    }
     request.extensions_mut().insert(caller);
     Ok(next.run(request).await)
 }

@@ -1,7 +1,8 @@
 //! HTTP plumbing shared by every route: request ids and the error envelope,
-//! authentication, body reading, fallbacks.
+//! authentication, body reading, fallbacks, the request metadata record.
 
 pub mod auth;
 pub mod body;
 pub mod envelope;
 pub mod fallback;
+pub mod request_record;

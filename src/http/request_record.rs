@@ -1,0 +1,137 @@
+//! One metadata row per request for the request log (the reference's "Privacy"
+//! section): who (key prefix, email, client IP), what (endpoint, model, workload), how it
+//! went (status, error code, tokens, latency) — never prompt or completion text.
+//!
+//! The middleware opens the record and fills in what it sees; the stages fill in the
+//! rest as they learn it. A completion whose body is still streaming holds the record
+//! open: the row is written when the last holder lets go, so streams are logged with
+//! their final token counts and full latency.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::HeaderName;
+use axum::middleware::Next;
+use axum::response::Response;
+
+use crate::app::AppState;
+use crate::error::ErrorBody;
+use crate::http::envelope::RequestId;
+use crate::request_log::RequestLog;
+use crate::store::RequestLogRow;
+
+const X_ACS_WORKLOAD: HeaderName = HeaderName::from_static("x-acs-workload");
+
+/// The open record of the current request, shared by the stages that fill it in.
+#[derive(Clone)]
+pub struct RequestRecord(Arc<Mutex<Open>>);
+
+struct Open {
+    row: RequestLogRow,
+    started: Instant,
+    /// Parties that must let go before the row is written.
+    holders: u8,
+    log: RequestLog,
+}
+
+impl RequestRecord {
+    fn lock(&self) -> MutexGuard<'_, Open> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn set_caller(&self, key_id: i64, key_prefix: &str, email: Option<&str>) {
+        let mut open = self.lock();
+        open.row.key_id = Some(key_id);
+        open.row.key_prefix = Some(key_prefix.to_owned());
+        open.row.email = email.map(str::to_owned);
+    }
+
+    pub fn set_model(&self, model: &str) {
+        self.lock().row.model = Some(model.to_owned());
+    }
+
+    pub fn set_tokens(&self, prompt_tokens: u64, completion_tokens: u64) {
+        let mut open = self.lock();
+        open.row.prompt_tokens = Some(prompt_tokens);
+        open.row.completion_tokens = Some(completion_tokens);
+    }
+
+    /// Keeps the record open until [`RequestRecord::release`] is called again (by the
+    /// body that is still streaming).
+    pub fn hold(&self) {
+        self.lock().holders += 1;
+    }
+
+    /// Lets go; the last holder writes the row.
+    pub fn release(&self) {
+        let mut open = self.lock();
+        open.holders = open.holders.saturating_sub(1);
+        if open.holders == 0 {
+            let latency = open.started.elapsed();
+            open.row.latency_ms = u64::try_from(latency.as_millis()).unwrap_or(u64::MAX);
+            open.log.record(open.row.clone());
+        }
+    }
+}
+
+/// Opens the record (inside the envelope middleware, so it sees error bodies before
+/// they are rendered) and releases its own hold when the response is ready.
+pub async fn record(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+    let request_id = request
+        .extensions()
+        .get::<RequestId>()
+        .map(|id| id.0.clone())
+        .unwrap_or_default();
+    let workload = request
+        .headers()
+        .get(X_ACS_WORKLOAD)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| matches!(*v, "interactive" | "batch"))
+        .map(str::to_owned);
+    let client_ip = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|info| info.0.ip());
+    let record = RequestRecord(Arc::new(Mutex::new(Open {
+        row: RequestLogRow {
+            request_id,
+            created_at_ms: unix_ms(),
+            key_id: None,
+            key_prefix: None,
+            email: None,
+            client_ip,
+            endpoint: request.uri().path().to_owned(),
+            model: None,
+            prompt_tokens: None,
+            completion_tokens: None,
+            status: 0,
+            error_code: None,
+            latency_ms: 0,
+            workload,
+        },
+        started: Instant::now(),
+        holders: 1,
+        log: state.request_log().clone(),
+    })));
+    request.extensions_mut().insert(record.clone());
+    let response = next.run(request).await;
+    {
+        let mut open = record.lock();
+        open.row.status = response.status().as_u16();
+        open.row.error_code = response
+            .extensions()
+            .get::<ErrorBody>()
+            .map(|e| e.code.to_owned());
+    }
+    record.release();
+    response
+}
+
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
