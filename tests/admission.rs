@@ -376,3 +376,23 @@ async fn streams_are_metered_and_the_usage_frame_is_only_sent_when_asked_for() {
     gw.wait_occupancy(key_id, 0, 0).await;
     assert_eq!(gw.usage(&key).await["used"], 10);
 }
+
+#[tokio::test]
+async fn a_client_with_the_whole_answer_finds_its_slot_free_and_its_usage_counted() {
+    let gw = Gateway::start().await;
+    let (_, key) = gw
+        .create_key(LimitOverrides {
+            max_concurrent: Some(1),
+            max_queued: Some(0),
+            ..LimitOverrides::default()
+        })
+        .await;
+    for (i, stream) in [false, true].into_iter().cycle().take(20).enumerate() {
+        let body = json!({"model": MODEL, "prompt": prompt(4), "max_tokens": 1, "stream": stream})
+            .to_string();
+        let response = gw.complete_as(&key, &body).send().await.unwrap();
+        assert_eq!(response.status(), 200, "request {i} found the slot taken");
+        response.bytes().await.unwrap();
+        assert_eq!(gw.usage(&key).await["used"], 5 * (i + 1));
+    }
+}

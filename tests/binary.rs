@@ -160,6 +160,24 @@ async fn keys_cli_and_serve_work_together() {
     let body = serde_json::json!({"model": "llama-8b", "prompt": "Hi", "max_tokens": 2});
     assert_eq!(complete(&url, &secret, body.clone()).await.status(), 200);
 
+    // Usage from the ledger, and a budget changed from the CLI applies at once.
+    let usage = fleetgate(&config, &["keys", "usage", &secret[..12], "--json"]);
+    let usage: serde_json::Value = serde_json::from_slice(&usage.stdout).unwrap();
+    assert!(usage["used_tokens"].as_u64().unwrap() > 0, "{usage}");
+    fleetgate(
+        &config,
+        &["keys", "set", &secret[..12], "--monthly-budget", "5"],
+    );
+    let over = complete(&url, &secret, body.clone()).await;
+    assert_eq!(over.status(), 429);
+    let error: serde_json::Value = over.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "budget_exceeded");
+    fleetgate(
+        &config,
+        &["keys", "set", &secret[..12], "--monthly-budget", "default"],
+    );
+    assert_eq!(complete(&url, &secret, body.clone()).await.status(), 200);
+
     fleetgate(&config, &["keys", "revoke", &secret[..12]]);
     assert_eq!(
         complete(&url, &secret, body.clone()).await.status(),

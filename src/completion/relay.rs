@@ -3,14 +3,16 @@
 //! error status is wrapped in our envelope instead. The request's slot is held until
 //! the last byte is relayed or the client goes away.
 
+use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use axum::body::Body;
 use axum::http::header;
 use axum::response::Response;
 use bytes::Bytes;
 use futures_util::Stream;
+use tokio::task::JoinHandle;
 
 use crate::completion::meter::Meter;
 use crate::completion::settle::Settlement;
@@ -54,6 +56,8 @@ pub async fn relay(
     let body = Metered {
         inner: Box::pin(upstream.bytes_stream()),
         settlement,
+        rest: None,
+        settling: None,
         ended: false,
     };
     response
@@ -66,6 +70,11 @@ type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
 struct Metered {
     inner: ByteStream,
     settlement: Settlement,
+    /// Bytes still to send once the upstream has ended.
+    rest: Option<Bytes>,
+    /// The settlement under way: the body ends only after it, so a client that has the
+    /// whole answer finds its slot free and its usage counted.
+    settling: Option<JoinHandle<()>>,
     ended: bool,
 }
 
@@ -74,29 +83,36 @@ impl Stream for Metered {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
-        if this.ended {
-            return Poll::Ready(None);
-        }
         loop {
-            match this.inner.as_mut().poll_next(cx) {
-                Poll::Ready(Some(Ok(chunk))) => {
+            if let Some(rest) = this.rest.take() {
+                return Poll::Ready(Some(Ok(rest)));
+            }
+            if let Some(settling) = this.settling.as_mut() {
+                // A failed settlement task has logged its error; the body ends either way.
+                let _ = ready!(Pin::new(settling).poll(cx));
+                this.settling = None;
+            }
+            if this.ended {
+                return Poll::Ready(None);
+            }
+            match ready!(this.inner.as_mut().poll_next(cx)) {
+                Some(Ok(chunk)) => {
                     let out = this.settlement.meter.feed(chunk);
                     if !out.is_empty() {
                         return Poll::Ready(Some(Ok(out)));
                     }
                 }
-                Poll::Ready(Some(Err(err))) => {
+                Some(Err(err)) => {
                     this.ended = true;
-                    this.settlement.settle();
+                    this.settling = this.settlement.settle();
                     return Poll::Ready(Some(Err(err)));
                 }
-                Poll::Ready(None) => {
+                None => {
                     this.ended = true;
                     let rest = this.settlement.meter.finish();
-                    this.settlement.settle();
-                    return Poll::Ready((!rest.is_empty()).then_some(Ok(rest)));
+                    this.rest = (!rest.is_empty()).then_some(rest);
+                    this.settling = this.settlement.settle();
                 }
-                Poll::Pending => return Poll::Pending,
             }
         }
     }

@@ -5,6 +5,8 @@
 
 use std::sync::Arc;
 
+use tokio::task::JoinHandle;
+
 use crate::admission::{Grant, Limiter};
 use crate::app::AppState;
 use crate::completion::meter::Meter;
@@ -73,11 +75,12 @@ impl Settlement {
         }
     }
 
-    /// Settles now (idempotent). The work runs on a tracked task so that it completes
-    /// even though the request's own future is gone.
-    pub fn settle(&mut self) {
+    /// Settles (idempotent) on a tracked task, so that it completes even when the
+    /// request's own future is gone. The handle resolves once the slot is released and
+    /// the usage recorded; `None` when already settled.
+    pub fn settle(&mut self) -> Option<JoinHandle<()>> {
         if std::mem::replace(&mut self.settled, true) {
-            return;
+            return None;
         }
         let (prompt_tokens, completion_tokens) = self.tokens();
         self.record.set_tokens(prompt_tokens, completion_tokens);
@@ -85,7 +88,7 @@ impl Settlement {
         let state = self.state.clone();
         let limiter: Arc<dyn Limiter> = state.limiter_handle();
         let (key, lease, grant) = (self.key, self.lease.clone(), self.grant.clone());
-        self.state.tasks().spawn(async move {
+        Some(self.state.tasks().spawn(async move {
             let row = UsageRow {
                 key_id: key,
                 request_id: lease.clone(),
@@ -101,13 +104,13 @@ impl Settlement {
             if let Err(err) = limiter.finish(key, &lease, &grant, used).await {
                 tracing::error!(error = %err, request_id = %lease, "could not release the admission slot");
             }
-        });
+        }))
     }
 }
 
 impl Drop for Settlement {
     fn drop(&mut self) {
-        self.settle();
+        let _ = self.settle();
     }
 }
 
