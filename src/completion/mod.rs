@@ -41,6 +41,7 @@ pub const X_MAX_TOKENS_CLAMPED: HeaderName = HeaderName::from_static("x-acs-max-
                 ("X-Request-Id" = String, description = "Trace id of this request; also `request_id` in error bodies."),
                 ("X-Acs-Upstream-Model" = String, description = "The checkpoint that served the request."),
                 ("X-Acs-Upstream-Gpu" = String, description = "The GPU node that served the request."),
+                ("X-Acs-Max-Tokens-Clamped" = String, description = "Present when max_tokens was reduced to fit the key's budget: `requested=N,applied=M,reason=budget,source=client|default` (`default`: you omitted max_tokens and N is the injected default)."),
             ),
             content(
                 (crate::openapi::CompletionResponseDoc = "application/json"),
@@ -50,12 +51,17 @@ pub const X_MAX_TOKENS_CLAMPED: HeaderName = HeaderName::from_static("x-acs-max-
         (status = 401, description = "`invalid_api_key`: missing, malformed, unknown or revoked key.", body = crate::openapi::ErrorEnvelopeDoc),
         (status = 413, description = "`request_too_large`: body over the limit. Carries `X-Should-Retry: false`.", body = crate::openapi::ErrorEnvelopeDoc,
             headers(("X-Should-Retry" = String, description = "`false`: a retry cannot succeed."))),
+        (status = 429, description = "`rate_limited` (more starts per minute than the key's rate), `queue_full` (the key's running and waiting requests are at their limits) or `budget_exceeded` (the monthly token budget is used up; also `X-Should-Retry: false`). Always with `Retry-After`.", body = crate::openapi::ErrorEnvelopeDoc,
+            headers(
+                ("Retry-After" = u32, description = "Seconds to wait; for `budget_exceeded`, until the budget resets."),
+                ("X-Should-Retry" = String, description = "`false` on `budget_exceeded`."),
+            )),
         (status = 502, description = "`upstream_error`: the model server failed. Carries `Retry-After` and `X-Acs-Upstream-Error-Kind`.", body = crate::openapi::ErrorEnvelopeDoc,
             headers(
                 ("Retry-After" = u32, description = "Seconds to wait before retrying."),
                 ("X-Acs-Upstream-Error-Kind" = String, description = "Mirrors `error.code`."),
             )),
-        (status = 503, description = "`upstream_unavailable`: no model server could be reached. Carries `Retry-After` and `X-Acs-Upstream-Error-Kind`.", body = crate::openapi::ErrorEnvelopeDoc,
+        (status = 503, description = "`upstream_unavailable`: no model server could be reached (with `X-Acs-Upstream-Error-Kind`); or `admission_unavailable`: the shared limit counters cannot be reached, so nothing may start. Both carry `Retry-After`.", body = crate::openapi::ErrorEnvelopeDoc,
             headers(
                 ("Retry-After" = u32, description = "Seconds to wait before retrying."),
                 ("X-Acs-Upstream-Error-Kind" = String, description = "Mirrors `error.code`."),
