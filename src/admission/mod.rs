@@ -15,6 +15,7 @@
 
 pub mod local;
 pub mod month;
+pub mod redis;
 
 use std::time::Duration;
 
@@ -148,7 +149,7 @@ pub trait Limiter: Send + Sync + 'static {
     /// For a queued lease: waits until it is first in its key's queue and a slot is free,
     /// then takes the slot and reserves the budget (in one step). If the budget refuses,
     /// the lease leaves the queue. Dropping the future does not leave the queue: call
-    /// [`Limiter::leave`].
+    /// [`Limiter::leave`]. A lease that is not (or no longer) queued gets `Unavailable`.
     async fn wait_turn(
         &self,
         key: i64,
