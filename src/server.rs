@@ -8,6 +8,7 @@ use tokio::net::TcpListener;
 
 use crate::admission::ledger::LedgerUsage;
 use crate::admission::local::LocalLimiter;
+use crate::admission::redis::RedisLimiter;
 use crate::admission::{Limiter, UsageSource};
 
 use crate::app::{AppState, build_router};
@@ -34,7 +35,16 @@ pub fn init_logging(format: LogFormat) {
 pub async fn prepare(config: Config) -> anyhow::Result<AppState> {
     let store = crate::store::connect(&config.database_url).await?;
     let ledger: Arc<dyn UsageSource> = Arc::new(LedgerUsage(Arc::clone(&store)));
-    let limiter: Arc<dyn Limiter> = Arc::new(LocalLimiter::new(ledger));
+    let limiter: Arc<dyn Limiter> = match &config.redis_url {
+        // Connects lazily: the gateway starts while Redis is down and refuses requests
+        // (503 admission_unavailable) until it is back.
+        Some(url) => Arc::new(RedisLimiter::connect(
+            url,
+            &config.redis_key_prefix,
+            ledger,
+        )?),
+        None => Arc::new(LocalLimiter::new(ledger)),
+    };
     AppState::new(config, store, limiter)
 }
 

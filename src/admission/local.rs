@@ -12,18 +12,21 @@ use super::{Admitted, Cost, Denial, Grant, KeyLimits, Lease, Limiter, Month, Usa
 
 /// Suggested wait after `queue_full`.
 const QUEUE_FULL_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// [`Limiter::wait_turn`] for a lease that is not in the queue.
+pub(crate) const QUEUE_PLACE_GONE: &str =
+    "the request's queue place is gone (it left, or its lease expired)";
+
+/// One cell per key and month, set once the counter includes the ledger.
+type SeedCells = HashMap<(i64, Month), Arc<OnceCell<()>>>;
 
 pub struct LocalLimiter {
     keys: Mutex<HashMap<i64, KeyState>>,
     /// Bumped whenever a slot or queue place changes hands (see [`LocalLimiter::changes`]).
     changes: watch::Sender<u64>,
     /// Counters seeded from the ledger, once per key and month.
-    seeds: Mutex<HashMap<(i64, Month), SeedOnce>>,
+    seeds: Mutex<SeedCells>,
     source: Arc<dyn UsageSource>,
 }
-
-/// Completed once the ledger's usage is in the counter.
-type SeedOnce = Arc<OnceCell<()>>;
 
 #[derive(Default)]
 struct KeyState {
@@ -200,6 +203,10 @@ impl Limiter for LocalLimiter {
             let wake = {
                 let mut keys = self.lock();
                 let state = keys.entry(key).or_default();
+                if !state.queue.iter().any(|l| l == lease) {
+                    // It left (or was never queued): waiting would never end.
+                    return Err(Denial::Unavailable(QUEUE_PLACE_GONE.to_owned()));
+                }
                 let first = state.queue.front().is_some_and(|l| l == lease);
                 if first && state.has_free_slot(limits) {
                     state.queue.pop_front();

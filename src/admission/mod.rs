@@ -16,6 +16,7 @@
 pub mod ledger;
 pub mod local;
 pub mod month;
+pub mod redis;
 
 use std::time::Duration;
 
@@ -149,7 +150,7 @@ pub trait Limiter: Send + Sync + 'static {
     /// For a queued lease: waits until it is first in its key's queue and a slot is free,
     /// then takes the slot and reserves the budget (in one step). If the budget refuses,
     /// the lease leaves the queue. Dropping the future does not leave the queue: call
-    /// [`Limiter::leave`].
+    /// [`Limiter::leave`]. A lease that is not (or no longer) queued gets `Unavailable`.
     async fn wait_turn(
         &self,
         key: i64,
@@ -174,6 +175,12 @@ pub trait Limiter: Send + Sync + 'static {
     /// Extends the leases of running slots and reservations (shared backends expire
     /// them so a crashed replica's slots come back).
     async fn renew(&self, key: i64, lease: &Lease) -> Result<(), Denial>;
+
+    /// How often a running request must [`Limiter::renew`] its lease; `None` when
+    /// leases never expire (one process).
+    fn lease_renewal(&self) -> Option<Duration> {
+        None
+    }
 
     /// The key's used and reserved tokens for `month`.
     async fn usage(&self, key: i64, month: Month) -> Result<Usage, Denial>;

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 use crate::admission::{Grant, Limiter};
 use crate::app::AppState;
@@ -26,6 +27,8 @@ pub struct Settlement {
     pub meter: Meter,
     /// The request's metadata row, held open until the request is settled.
     record: RequestRecord,
+    /// Stops the lease renewal (shared backends) once settled.
+    renewal: CancellationToken,
     /// Whether the upstream accepted the request (an error status costs nothing).
     charged: bool,
     settled: bool,
@@ -41,7 +44,21 @@ impl Settlement {
         record: RequestRecord,
     ) -> Self {
         record.hold();
+        let renewal = CancellationToken::new();
+        if let Some(every) = state.limiter().lease_renewal() {
+            let (limiter, lease, stop) = (state.limiter_handle(), lease.clone(), renewal.clone());
+            state.tasks().spawn(async move {
+                let mut ticks = tokio::time::interval(every);
+                ticks.tick().await;
+                while stop.run_until_cancelled(ticks.tick()).await.is_some() {
+                    if let Err(err) = limiter.renew(key, &lease).await {
+                        tracing::warn!(error = %err, request_id = %lease, "could not renew the admission lease");
+                    }
+                }
+            });
+        }
         Self {
+            renewal,
             record,
             state,
             key,
@@ -82,6 +99,7 @@ impl Settlement {
         if std::mem::replace(&mut self.settled, true) {
             return None;
         }
+        self.renewal.cancel();
         let (prompt_tokens, completion_tokens) = self.tokens();
         self.record.set_tokens(prompt_tokens, completion_tokens);
         self.record.release();

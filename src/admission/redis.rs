@@ -1,0 +1,784 @@
+//! The shared limiter: the counters live in Redis, so every gateway replica enforces one
+//! set of limits per key. Same semantics as [`LocalLimiter`](super::local::LocalLimiter).
+//!
+//! Every decision is one Lua script (EVALSHA; loaded again by itself after a Redis
+//! restart), so it is atomic across replicas and costs one round trip; "now" is Redis's
+//! own clock (`TIME`), shared by all replicas.
+//!
+//! # Data layout
+//!
+//! All under the configured prefix `P`; the data of one API key carries the hash tag
+//! `{key_id}`, so it would live in one cluster slot:
+//!
+//! | key | type | content |
+//! | --- | --- | --- |
+//! | `P:{id}:run` | zset | running leases → lease expiry (µs, Redis clock) |
+//! | `P:{id}:grants` | hash | running lease → `"YYYY-MM reserved"` (its budget reservation) |
+//! | `P:{id}:queue` | zset | waiting leases → ticket (arrival order) |
+//! | `P:{id}:qexp` | zset | waiting leases → lease expiry (µs) |
+//! | `P:{id}:rate` | string | GCRA theoretical arrival time (µs); expires when idle |
+//! | `P:{id}:used:YYYY-MM` | string | used tokens of the month; seeded from the ledger |
+//!
+//! Wake-ups go over the pub/sub channel `P:wake` (payload: the key id), published when a
+//! slot or queue place frees; each limiter holds one subscription and wakes its local
+//! waiters of that key.
+//!
+//! # Leases
+//!
+//! Every running slot (with its reservation) and every queue place expires
+//! [`RedisLimiterOptions::lease_ttl`] (30 s by default) after it was taken or last
+//! renewed; every script first purges what has expired, so the slots, queue places and
+//! reservations of a crashed replica come back by themselves. The gateway calls
+//! [`Limiter::renew`] for each live request well within the TTL (every ~10 s); a waiter
+//! inside [`Limiter::wait_turn`] keeps its own queue place alive. The lease sets
+//! themselves expire 1 s after their last lease, the rate key when it no longer limits,
+//! and the used counters [`COUNTER_TTL_PAST_MONTH`] after their month ends.
+//!
+//! # Failures
+//!
+//! Every Redis call is bounded (connect 1 s, response 500 ms by default); any failure
+//! refuses the admission with [`Denial::Unavailable`] (budgets fail closed). The limiter
+//! connects lazily and never fails to construct while Redis is down; it reconnects by
+//! itself on the next call once Redis is back.
+//!
+//! # Known limits
+//!
+//! - `finish` after a lease lapsed (no renewal for a whole TTL) finds nothing to settle,
+//!   so those tokens reach the live counter only when it is next seeded from the ledger.
+//! - `finish` while a counter is missing adds nothing (the ledger has the tokens), so a
+//!   ledger read that a concurrent seeding began before the gateway wrote that usage can
+//!   miss it until the counter is next rebuilt.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::{Client, RedisError, RedisResult, Script, ScriptInvocation};
+use async_trait::async_trait;
+use futures_util::StreamExt as _;
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
+
+use super::local::QUEUE_PLACE_GONE;
+use super::{Admitted, Cost, Denial, Grant, KeyLimits, Lease, Limiter, Month, Usage, UsageSource};
+
+/// Suggested wait after `queue_full` (as the local limiter).
+const QUEUE_FULL_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// How long a used counter lives past the end of its month.
+pub const COUNTER_TTL_PAST_MONTH: Duration = Duration::from_secs(40 * 24 * 3600);
+/// How often the subscription connection is checked with a PING.
+const SUBSCRIPTION_PING: Duration = Duration::from_secs(5);
+/// Seeding attempts per call before giving up (a counter vanishing again at once).
+const MAX_SEEDS: u32 = 3;
+/// Largest number passed to the scripts: Lua numbers are doubles, exact up to 2^53.
+const LUA_MAX: u64 = 1 << 53;
+
+// Reply codes, as in common.lua.
+const RUNNING: i64 = 0;
+const QUEUED: i64 = 1;
+const RATE_LIMITED: i64 = 2;
+const QUEUE_FULL: i64 = 3;
+const BUDGET: i64 = 4;
+const SEED: i64 = 5;
+const WAIT: i64 = 6;
+const GONE: i64 = 7;
+const DONE: i64 = 8;
+
+macro_rules! script {
+    ($file:literal) => {
+        Script::new(concat!(
+            include_str!("redis/common.lua"),
+            include_str!(concat!("redis/", $file))
+        ))
+    };
+}
+
+/// Tuning of [`RedisLimiter`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RedisLimiterOptions {
+    /// How long a running slot, its reservation and a queue place outlive their last
+    /// renewal.
+    pub lease_ttl: Duration,
+    /// Longest wait for one Redis reply.
+    pub call_timeout: Duration,
+    /// Longest wait for a connection to Redis.
+    pub connect_timeout: Duration,
+    /// How often a waiter re-checks its turn without a wake-up message.
+    pub poll_interval: Duration,
+}
+
+impl Default for RedisLimiterOptions {
+    fn default() -> Self {
+        Self {
+            lease_ttl: Duration::from_secs(30),
+            call_timeout: Duration::from_millis(500),
+            connect_timeout: Duration::from_secs(1),
+            poll_interval: Duration::from_millis(250),
+        }
+    }
+}
+
+/// The Redis URL could not be parsed (the only construction error).
+#[derive(Debug, thiserror::Error)]
+#[error("invalid Redis URL: {0}")]
+pub struct InvalidRedisUrl(String);
+
+pub struct RedisLimiter {
+    client: Client,
+    config: ConnectionManagerConfig,
+    /// Created on first use (it needs the Tokio runtime); reconnects by itself, and is
+    /// replaced after a failure.
+    connection: Mutex<Connection>,
+    prefix: String,
+    channel: String,
+    source: Arc<dyn UsageSource>,
+    options: RedisLimiterOptions,
+    scripts: Scripts,
+    hub: Arc<Hub>,
+    /// The subscription task, started by the first waiter.
+    subscriber: OnceLock<AbortHandle>,
+}
+
+#[derive(Default)]
+struct Connection {
+    generation: u64,
+    manager: Option<ConnectionManager>,
+}
+
+struct Scripts {
+    admit: Script,
+    turn: Script,
+    leave: Script,
+    finish: Script,
+    renew: Script,
+    usage: Script,
+    occupancy: Script,
+}
+
+/// Redis key names of one API key.
+struct Keys {
+    run: String,
+    grants: String,
+    queue: String,
+    qexp: String,
+    rate: String,
+    id: String,
+}
+
+enum Turn {
+    Started(Grant),
+    Wait,
+    Seed,
+}
+
+impl RedisLimiter {
+    /// A limiter on the Redis at `url`, with its keys under `key_prefix`, reading usage it
+    /// has not counted from `source`. Does not connect: fails only on a malformed URL.
+    pub fn connect(
+        url: &str,
+        key_prefix: &str,
+        source: Arc<dyn UsageSource>,
+    ) -> Result<Self, InvalidRedisUrl> {
+        Self::connect_with(url, key_prefix, source, RedisLimiterOptions::default())
+    }
+
+    /// [`RedisLimiter::connect`] with explicit options.
+    pub fn connect_with(
+        url: &str,
+        key_prefix: &str,
+        source: Arc<dyn UsageSource>,
+        options: RedisLimiterOptions,
+    ) -> Result<Self, InvalidRedisUrl> {
+        let client = Client::open(url).map_err(|e| InvalidRedisUrl(e.to_string()))?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(options.connect_timeout))
+            .set_response_timeout(Some(options.call_timeout))
+            // One attempt per reconnection; the next call starts another.
+            .set_number_of_retries(0);
+        Ok(Self {
+            client,
+            config,
+            connection: Mutex::new(Connection::default()),
+            prefix: key_prefix.to_owned(),
+            channel: format!("{key_prefix}:wake"),
+            source,
+            options,
+            scripts: Scripts {
+                admit: script!("admit.lua"),
+                turn: script!("turn.lua"),
+                leave: script!("leave.lua"),
+                finish: script!("finish.lua"),
+                renew: script!("renew.lua"),
+                usage: script!("usage.lua"),
+                occupancy: script!("occupancy.lua"),
+            },
+            hub: Arc::new(Hub::default()),
+            subscriber: OnceLock::new(),
+        })
+    }
+
+    fn keys(&self, key: i64) -> Keys {
+        let base = format!("{}:{{{key}}}", self.prefix);
+        Keys {
+            run: format!("{base}:run"),
+            grants: format!("{base}:grants"),
+            queue: format!("{base}:queue"),
+            qexp: format!("{base}:qexp"),
+            rate: format!("{base}:rate"),
+            id: key.to_string(),
+        }
+    }
+
+    /// The key of the used-tokens counter of `key` for `month`.
+    pub fn counter_key(&self, key: i64, month: Month) -> String {
+        format!("{}:{{{key}}}:used:{month}", self.prefix)
+    }
+
+    /// The shared connection, with its generation (for [`RedisLimiter::discard`]).
+    fn connection(&self) -> Result<(u64, ConnectionManager), Denial> {
+        let mut slot = self.connection.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(manager) = slot.manager.as_ref() {
+            return Ok((slot.generation, manager.clone()));
+        }
+        let created =
+            ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
+                .map_err(|e| unavailable("connection setup", &e))?;
+        slot.generation += 1;
+        slot.manager = Some(created.clone());
+        Ok((slot.generation, created))
+    }
+
+    /// Drops a connection that failed, so the next call starts a fresh one. (The manager
+    /// reconnects by itself only after I/O errors; a connection attempt that failed
+    /// otherwise, say on a garbled handshake, would stay failed.)
+    fn discard(&self, generation: u64) {
+        let mut slot = self.connection.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.generation == generation {
+            slot.manager = None;
+        }
+    }
+
+    /// Runs one Redis call on the shared connection, bounded in time; any failure is
+    /// `Unavailable`.
+    async fn call<T, F>(
+        &self,
+        what: &str,
+        run: impl FnOnce(ConnectionManager) -> F,
+    ) -> Result<T, Denial>
+    where
+        F: Future<Output = RedisResult<T>>,
+    {
+        let (generation, connection) = self.connection()?;
+        let bound = self.call_bound();
+        let failure = match tokio::time::timeout(bound, run(connection)).await {
+            Ok(Ok(reply)) => return Ok(reply),
+            Ok(Err(e)) => unavailable(what, &e),
+            Err(_) => Denial::Unavailable(format!(
+                "redis {what}: no answer within {} ms",
+                bound.as_millis()
+            )),
+        };
+        self.discard(generation);
+        Err(failure)
+    }
+
+    /// The longest any one call may take: a connection attempt, then a script (and its
+    /// reload after a Redis restart).
+    fn call_bound(&self) -> Duration {
+        self.options.connect_timeout + 2 * self.options.call_timeout
+    }
+
+    async fn invoke(
+        &self,
+        what: &str,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<Vec<i64>, Denial> {
+        self.call(what, |mut connection| async move {
+            invocation.invoke_async(&mut connection).await
+        })
+        .await
+    }
+
+    /// Initialises a missing used counter from the ledger (never overwriting one that
+    /// another replica set meanwhile).
+    async fn seed(&self, key: i64, month: Month) -> Result<(), Denial> {
+        let recorded = self
+            .source
+            .month_usage(key, month)
+            .await
+            .map_err(|e| Denial::Unavailable(format!("usage ledger: {e}")))?;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let month_end = u64::try_from(month.next_start_unix()).unwrap_or(0);
+        // (A month ends within 31 days; the cap only guards against a nonsense month.)
+        let ttl =
+            month_end.saturating_sub(now).min(31 * 24 * 3600) + COUNTER_TTL_PAST_MONTH.as_secs();
+        let mut set = ::redis::cmd("SET");
+        set.arg(self.counter_key(key, month))
+            .arg(recorded.min(LUA_MAX))
+            .arg("NX")
+            .arg("EX")
+            .arg(ttl);
+        self.call("seed", |mut connection| async move {
+            set.query_async::<::redis::Value>(&mut connection).await
+        })
+        .await?;
+        Ok(())
+    }
+
+    fn ttl_ms(&self) -> u64 {
+        u64::try_from(self.options.lease_ttl.as_millis())
+            .unwrap_or(u64::MAX)
+            .clamp(1, LUA_MAX / 1000)
+    }
+
+    async fn try_turn(
+        &self,
+        key: i64,
+        limits: &KeyLimits,
+        cost: &Cost,
+        lease: &Lease,
+        month: Month,
+    ) -> Result<Turn, Denial> {
+        let k = self.keys(key);
+        let reply = self
+            .invoke(
+                "wait_turn",
+                self.scripts
+                    .turn
+                    .key(&k.run)
+                    .key(&k.grants)
+                    .key(&k.queue)
+                    .key(&k.qexp)
+                    .key(self.counter_key(key, month))
+                    .arg(limits.max_concurrent)
+                    .arg(limits.monthly_budget.min(LUA_MAX))
+                    .arg(cost.prompt_tokens.min(LUA_MAX))
+                    .arg(cost.fan_out.min(LUA_MAX))
+                    .arg(cost.max_tokens.min(LUA_MAX))
+                    .arg(lease)
+                    .arg(month.to_string())
+                    .arg(self.ttl_ms())
+                    .arg(&self.channel)
+                    .arg(&k.id),
+            )
+            .await?;
+        match code(&reply) {
+            WAIT => Ok(Turn::Wait),
+            SEED => Ok(Turn::Seed),
+            GONE => Err(Denial::Unavailable(QUEUE_PLACE_GONE.to_owned())),
+            _ => start_reply(&reply, limits, month).map(Turn::Started),
+        }
+    }
+
+    /// Starts the subscription task (once), which wakes local waiters on a message.
+    fn subscribe(&self) {
+        self.subscriber.get_or_init(|| {
+            tokio::spawn(subscription(
+                self.client.clone(),
+                self.channel.clone(),
+                Arc::downgrade(&self.hub),
+                self.options,
+            ))
+            .abort_handle()
+        });
+    }
+}
+
+impl Drop for RedisLimiter {
+    fn drop(&mut self) {
+        if let Some(task) = self.subscriber.get() {
+            task.abort();
+        }
+    }
+}
+
+#[async_trait]
+impl Limiter for RedisLimiter {
+    /// A third of the lease: two renewals may fail before a live request loses its slot.
+    fn lease_renewal(&self) -> Option<Duration> {
+        Some(self.options.lease_ttl / 3)
+    }
+
+    async fn admit(
+        &self,
+        key: i64,
+        limits: &KeyLimits,
+        cost: &Cost,
+        lease: &Lease,
+    ) -> Result<Admitted, Denial> {
+        let month = Month::now();
+        let k = self.keys(key);
+        for _ in 0..=MAX_SEEDS {
+            let reply = self
+                .invoke(
+                    "admit",
+                    self.scripts
+                        .admit
+                        .key(&k.rate)
+                        .key(&k.run)
+                        .key(&k.grants)
+                        .key(&k.queue)
+                        .key(&k.qexp)
+                        .key(self.counter_key(key, month))
+                        .arg(limits.requests_per_minute)
+                        .arg(limits.max_concurrent)
+                        .arg(limits.max_queued)
+                        .arg(limits.monthly_budget.min(LUA_MAX))
+                        .arg(cost.prompt_tokens.min(LUA_MAX))
+                        .arg(cost.fan_out.min(LUA_MAX))
+                        .arg(cost.max_tokens.min(LUA_MAX))
+                        .arg(lease)
+                        .arg(month.to_string())
+                        .arg(self.ttl_ms())
+                        .arg(&self.channel)
+                        .arg(&k.id),
+                )
+                .await?;
+            match code(&reply) {
+                SEED => self.seed(key, month).await?,
+                QUEUED => return Ok(Admitted::Queued),
+                RATE_LIMITED => {
+                    return Err(Denial::RateLimited {
+                        retry_after: Duration::from_micros(value(&reply, 1)),
+                    });
+                }
+                QUEUE_FULL => {
+                    return Err(Denial::QueueFull {
+                        retry_after: QUEUE_FULL_RETRY_AFTER,
+                    });
+                }
+                _ => return start_reply(&reply, limits, month).map(Admitted::Running),
+            }
+        }
+        Err(seed_failed())
+    }
+
+    async fn wait_turn(
+        &self,
+        key: i64,
+        limits: &KeyLimits,
+        cost: &Cost,
+        lease: &Lease,
+    ) -> Result<Grant, Denial> {
+        self.subscribe();
+        let watch = Hub::watch(&self.hub, key);
+        let mut seeds = 0;
+        loop {
+            // Registered before the check, so a wake-up during it is not lost.
+            let notified = watch.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let month = Month::now();
+            match self.try_turn(key, limits, cost, lease, month).await? {
+                Turn::Started(grant) => return Ok(grant),
+                Turn::Seed if seeds < MAX_SEEDS => {
+                    seeds += 1;
+                    self.seed(key, month).await?;
+                    continue;
+                }
+                Turn::Seed => return Err(seed_failed()),
+                Turn::Wait => {}
+            }
+            // A lost message or a lapsed lease elsewhere is noticed by the next poll.
+            let _ = tokio::time::timeout(self.options.poll_interval, notified).await;
+        }
+    }
+
+    async fn leave(&self, key: i64, lease: &Lease) -> Result<(), Denial> {
+        let k = self.keys(key);
+        let reply = self
+            .invoke(
+                "leave",
+                self.scripts
+                    .leave
+                    .key(&k.run)
+                    .key(&k.grants)
+                    .key(&k.queue)
+                    .key(&k.qexp)
+                    .arg(lease)
+                    .arg(&self.channel)
+                    .arg(&k.id),
+            )
+            .await?;
+        done(&reply)
+    }
+
+    async fn finish(
+        &self,
+        key: i64,
+        lease: &Lease,
+        grant: &Grant,
+        used_tokens: u64,
+    ) -> Result<(), Denial> {
+        let k = self.keys(key);
+        let reply = self
+            .invoke(
+                "finish",
+                self.scripts
+                    .finish
+                    .key(&k.run)
+                    .key(&k.grants)
+                    .key(&k.queue)
+                    .key(&k.qexp)
+                    .key(self.counter_key(key, grant.month))
+                    .arg(lease)
+                    .arg(used_tokens.min(LUA_MAX))
+                    .arg(&self.channel)
+                    .arg(&k.id),
+            )
+            .await?;
+        done(&reply)
+    }
+
+    async fn renew(&self, key: i64, lease: &Lease) -> Result<(), Denial> {
+        let k = self.keys(key);
+        let reply = self
+            .invoke(
+                "renew",
+                self.scripts
+                    .renew
+                    .key(&k.run)
+                    .key(&k.grants)
+                    .key(&k.queue)
+                    .key(&k.qexp)
+                    .arg(lease)
+                    .arg(self.ttl_ms())
+                    .arg(&self.channel)
+                    .arg(&k.id),
+            )
+            .await?;
+        done(&reply)?;
+        if value(&reply, 1) == 0 {
+            tracing::debug!(key, lease, "renew: no live lease (finished or expired)");
+        }
+        Ok(())
+    }
+
+    async fn usage(&self, key: i64, month: Month) -> Result<Usage, Denial> {
+        let k = self.keys(key);
+        for _ in 0..=MAX_SEEDS {
+            let reply = self
+                .invoke(
+                    "usage",
+                    self.scripts
+                        .usage
+                        .key(&k.run)
+                        .key(&k.grants)
+                        .key(&k.queue)
+                        .key(&k.qexp)
+                        .key(self.counter_key(key, month))
+                        .arg(month.to_string())
+                        .arg(&self.channel)
+                        .arg(&k.id),
+                )
+                .await?;
+            match code(&reply) {
+                SEED => self.seed(key, month).await?,
+                _ => {
+                    done(&reply)?;
+                    return Ok(Usage {
+                        used: value(&reply, 1),
+                        reserved: value(&reply, 2),
+                    });
+                }
+            }
+        }
+        Err(seed_failed())
+    }
+
+    async fn occupancy(&self, key: i64) -> Result<(u32, u32), Denial> {
+        let k = self.keys(key);
+        let reply = self
+            .invoke(
+                "occupancy",
+                self.scripts
+                    .occupancy
+                    .key(&k.run)
+                    .key(&k.grants)
+                    .key(&k.queue)
+                    .key(&k.qexp)
+                    .arg(&self.channel)
+                    .arg(&k.id),
+            )
+            .await?;
+        done(&reply)?;
+        let count = |i| u32::try_from(value(&reply, i)).unwrap_or(u32::MAX);
+        Ok((count(1), count(2)))
+    }
+}
+
+/// Checks a `DONE` reply.
+fn done(reply: &[i64]) -> Result<(), Denial> {
+    match code(reply) {
+        DONE => Ok(()),
+        other => Err(unexpected(other)),
+    }
+}
+
+fn unexpected(code: i64) -> Denial {
+    Denial::Unavailable(format!("redis: unexpected limiter reply {code}"))
+}
+
+fn code(reply: &[i64]) -> i64 {
+    reply.first().copied().unwrap_or(-1)
+}
+
+/// Element `i` of a reply as a count (absent or negative: 0).
+fn value(reply: &[i64], i: usize) -> u64 {
+    reply.get(i).map_or(0, |&v| u64::try_from(v).unwrap_or(0))
+}
+
+/// A `RUNNING` or `BUDGET` reply of `start` (common.lua).
+fn start_reply(reply: &[i64], limits: &KeyLimits, month: Month) -> Result<Grant, Denial> {
+    match code(reply) {
+        RUNNING => Ok(Grant {
+            max_tokens: value(reply, 1),
+            reserved: value(reply, 2),
+            month,
+        }),
+        BUDGET => Err(Denial::BudgetExceeded {
+            budget: limits.monthly_budget,
+            used: value(reply, 1),
+            reserved: value(reply, 2),
+            needed: value(reply, 3),
+            month,
+        }),
+        other => Err(unexpected(other)),
+    }
+}
+
+fn unavailable(what: &str, error: &RedisError) -> Denial {
+    let error = error.to_string();
+    Denial::Unavailable(format!(
+        "redis {what}: {}",
+        error.split_whitespace().collect::<Vec<_>>().join(" ")
+    ))
+}
+
+fn seed_failed() -> Denial {
+    Denial::Unavailable("redis: the used-tokens counter could not be seeded".to_owned())
+}
+
+/// The local waiters per key, woken by the subscription.
+#[derive(Default)]
+struct Hub {
+    keys: Mutex<HashMap<i64, (Arc<Notify>, usize)>>,
+}
+
+/// A waiter's registration with the hub; unregisters when dropped.
+struct Watch {
+    hub: Arc<Hub>,
+    key: i64,
+    notify: Arc<Notify>,
+}
+
+impl Hub {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, (Arc<Notify>, usize)>> {
+        self.keys.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn watch(hub: &Arc<Self>, key: i64) -> Watch {
+        let mut keys = hub.lock();
+        let entry = keys
+            .entry(key)
+            .or_insert_with(|| (Arc::new(Notify::new()), 0));
+        entry.1 += 1;
+        Watch {
+            hub: Arc::clone(hub),
+            key,
+            notify: Arc::clone(&entry.0),
+        }
+    }
+
+    fn wake(&self, key: i64) {
+        if let Some((notify, _)) = self.lock().get(&key) {
+            notify.notify_waiters();
+        }
+    }
+
+    fn wake_all(&self) {
+        for (notify, _) in self.lock().values() {
+            notify.notify_waiters();
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let mut keys = self.hub.lock();
+        if let Some(entry) = keys.get_mut(&self.key) {
+            entry.1 -= 1;
+            if entry.1 == 0 {
+                keys.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// Holds one subscription to the wake-up channel for as long as the limiter lives,
+/// resubscribing after a failure; wakes every local waiter after each (re)subscription,
+/// since messages may have been missed meanwhile.
+async fn subscription(
+    client: Client,
+    channel: String,
+    hub: Weak<Hub>,
+    options: RedisLimiterOptions,
+) {
+    let min_pause = options.poll_interval;
+    let mut pause = min_pause;
+    loop {
+        let connect = async {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(&channel).await?;
+            Ok::<_, RedisError>(pubsub)
+        };
+        let bound = options.connect_timeout + options.call_timeout;
+        match tokio::time::timeout(bound, connect).await {
+            Ok(Ok(pubsub)) => {
+                pause = min_pause;
+                let Some(live) = hub.upgrade() else { return };
+                live.wake_all();
+                drop(live);
+                let (mut sink, mut messages) = pubsub.split();
+                let mut ping = tokio::time::interval(SUBSCRIPTION_PING);
+                ping.tick().await;
+                loop {
+                    tokio::select! {
+                        message = messages.next() => {
+                            let Some(message) = message else { break };
+                            let Some(live) = hub.upgrade() else { return };
+                            if let Ok(key) = message.get_payload::<i64>() {
+                                live.wake(key);
+                            }
+                        }
+                        _ = ping.tick() => {
+                            if hub.strong_count() == 0 {
+                                return;
+                            }
+                            let pong = tokio::time::timeout(
+                                options.call_timeout,
+                                sink.ping::<::redis::Value>(),
+                            )
+                            .await;
+                            if !matches!(pong, Ok(Ok(_))) {
+                                break;
+                            }
+                        }
+                    }
+                }
+                tracing::debug!("redis limiter: wake-up subscription lost; resubscribing");
+            }
+            Ok(Err(e)) => tracing::debug!(error = %e, "redis limiter: cannot subscribe"),
+            Err(_) => tracing::debug!("redis limiter: subscribing timed out"),
+        }
+        if hub.strong_count() == 0 {
+            return;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(5));
+    }
+}

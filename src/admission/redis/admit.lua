@@ -1,0 +1,51 @@
+-- admit: rate, then a running slot with its reservation (only when nobody waits), or
+-- the back of the queue, or a refusal. A refusal changes nothing but the rate.
+-- KEYS: rate run grants queue qexp used
+-- ARGV: rpm max_concurrent max_queued budget prompt fan_out max_tokens lease month
+--       ttl_ms channel key_id
+local rate, run, grants, queue, qexp, used = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local rpm = math.max(tonumber(ARGV[1]), 1)
+local max_concurrent, max_queued = tonumber(ARGV[2]), tonumber(ARGV[3])
+local budget, prompt, fan_out, max_tokens =
+  tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local lease, month, ttl_us = ARGV[8], ARGV[9], tonumber(ARGV[10]) * 1000
+local channel, key_id = ARGV[11], ARGV[12]
+
+-- A missing counter (new month, lost data) is seeded from the ledger by the caller,
+-- who then calls again; nothing has changed yet.
+if redis.call('EXISTS', used) == 0 then
+  return {SEED}
+end
+
+local now = now_us()
+if purge(run, grants, queue, qexp, now) > 0 then
+  redis.call('PUBLISH', channel, key_id)
+end
+
+-- GCRA: a burst of `rpm` starts, then one every 60 s / rpm.
+local interval = math.floor(60000000 / rpm)
+local tolerance = interval * (rpm - 1)
+local tat = math.max(tonumber(redis.call('GET', rate) or now), now)
+local allowed_at = tat - tolerance
+if allowed_at > now then
+  return {RATE_LIMITED, allowed_at - now}
+end
+local next_tat = tat + interval
+redis.call('SET', rate, int(next_tat), 'PX', int(math.ceil((next_tat - now) / 1000) + 1000))
+
+local waiting = redis.call('ZCARD', queue)
+if waiting == 0 and redis.call('ZCARD', run) < max_concurrent then
+  return start(run, grants, used, lease, month, budget, prompt, fan_out, max_tokens, now, ttl_us)
+end
+if waiting >= max_queued then
+  return {QUEUE_FULL}
+end
+local last = redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES')
+local ticket = 1
+if last[2] then
+  ticket = tonumber(last[2]) + 1
+end
+redis.call('ZADD', queue, int(ticket), lease)
+redis.call('ZADD', qexp, int(now + ttl_us), lease)
+tidy(qexp, queue)
+return {QUEUED}

@@ -1,0 +1,40 @@
+-- turn: if the lease is first in the queue and a slot is free, take the slot and reserve
+-- (leaving the queue either way when the budget refuses). Each call also keeps the
+-- caller's queue place alive.
+-- KEYS: run grants queue qexp used
+-- ARGV: max_concurrent budget prompt fan_out max_tokens lease month ttl_ms channel key_id
+local run, grants, queue, qexp, used = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local max_concurrent = tonumber(ARGV[1])
+local budget, prompt, fan_out, max_tokens =
+  tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local lease, month, ttl_us = ARGV[6], ARGV[7], tonumber(ARGV[8]) * 1000
+local channel, key_id = ARGV[9], ARGV[10]
+
+local now = now_us()
+if purge(run, grants, queue, qexp, now) > 0 then
+  redis.call('PUBLISH', channel, key_id)
+end
+
+local expiry = redis.call('ZSCORE', qexp, lease)
+if not expiry then
+  return {GONE}
+end
+if tonumber(expiry) - now < ttl_us / 2 then
+  redis.call('ZADD', qexp, int(now + ttl_us), lease)
+  tidy(qexp, queue)
+end
+
+if redis.call('ZRANGE', queue, 0, 0)[1] ~= lease
+    or redis.call('ZCARD', run) >= max_concurrent then
+  return {WAIT}
+end
+if redis.call('EXISTS', used) == 0 then
+  return {SEED}
+end
+
+redis.call('ZREM', queue, lease)
+redis.call('ZREM', qexp, lease)
+local reply = start(run, grants, used, lease, month, budget, prompt, fan_out, max_tokens, now, ttl_us)
+-- The next in line is first now (and may start too).
+redis.call('PUBLISH', channel, key_id)
+return reply
