@@ -362,6 +362,7 @@ mod tests {
 
     fn defaults() -> LimitDefaults {
         LimitDefaults {
+            enabled: true,
             monthly_budget_tokens: 1_000,
             requests_per_minute: 600,
             max_concurrent: 16,

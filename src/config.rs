@@ -54,6 +54,10 @@ pub struct Config {
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitDefaults {
+    /// `false` turns admission off: no budget, rate or queue is enforced (usage is
+    /// still metered into the ledger).
+    #[serde(default = "default_true")]
+    pub enabled: bool,
     /// Prompt + completion tokens per calendar month (UTC), reset on the 1st.
     #[serde(default = "default_monthly_budget")]
     pub monthly_budget_tokens: u64,
@@ -71,6 +75,7 @@ pub struct LimitDefaults {
 impl Default for LimitDefaults {
     fn default() -> Self {
         Self {
+            enabled: true,
             monthly_budget_tokens: default_monthly_budget(),
             requests_per_minute: default_rpm(),
             max_concurrent: default_max_concurrent(),
@@ -168,6 +173,9 @@ fn default_pool_idle_timeout_ms() -> u64 {
 }
 fn default_max_logprobs() -> u32 {
     20
+}
+fn default_true() -> bool {
+    true
 }
 fn default_monthly_budget() -> u64 {
     10_000_000

@@ -9,6 +9,7 @@ use tokio::net::TcpListener;
 use crate::admission::ledger::LedgerUsage;
 use crate::admission::local::LocalLimiter;
 use crate::admission::redis::RedisLimiter;
+use crate::admission::unlimited::Unlimited;
 use crate::admission::{Limiter, UsageSource};
 
 use crate::app::{AppState, build_router};
@@ -36,6 +37,7 @@ pub async fn prepare(config: Config) -> anyhow::Result<AppState> {
     let store = crate::store::connect(&config.database_url).await?;
     let ledger: Arc<dyn UsageSource> = Arc::new(LedgerUsage(Arc::clone(&store)));
     let limiter: Arc<dyn Limiter> = match &config.redis_url {
+        _ if !config.limits.enabled => Arc::new(Unlimited::new(ledger)),
         // Connects lazily: the gateway starts while Redis is down and refuses requests
         // (503 admission_unavailable) until it is back.
         Some(url) => Arc::new(RedisLimiter::connect(

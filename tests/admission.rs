@@ -396,3 +396,59 @@ async fn a_client_with_the_whole_answer_finds_its_slot_free_and_its_usage_counte
         assert_eq!(gw.usage(&key).await["used"], 5 * (i + 1));
     }
 }
+
+#[tokio::test]
+async fn with_limits_off_nothing_is_clamped_or_refused_but_usage_is_still_metered() {
+    let mock = fleetgate::mock_vllm::MockVllm::start(MockConfig::default())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = fleetgate::config::Config::from_toml(&format!(
+        "database_url = \"sqlite://{}/fg.db\"\n[limits]\nenabled = false\nmonthly_budget_tokens = 10\nrequests_per_minute = 1\n[[models]]\nid = \"{MODEL}\"\n[[models.upstreams]]\nurl = \"{}\"\ngpu = \"g\"\n",
+        dir.path().display(),
+        mock.url()
+    ))
+    .unwrap();
+    let state = fleetgate::server::prepare(config).await.unwrap();
+    let key = fleetgate::keys::generate();
+    state
+        .store()
+        .create_key("k", None, &key, &LimitOverrides::default())
+        .await
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(fleetgate::server::serve(
+        state,
+        listener,
+        std::future::pending(),
+    ));
+    let client = reqwest::Client::new();
+    let body = json!({"model": MODEL, "prompt": prompt(10), "max_tokens": 20}).to_string();
+    for _ in 0..3 {
+        let response = client
+            .post(format!("{url}/v1/completions"))
+            .bearer_auth(key.secret.expose())
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        assert!(response.headers().get("x-acs-max-tokens-clamped").is_none());
+        response.bytes().await.unwrap();
+    }
+    let usage: serde_json::Value = client
+        .get(format!("{url}/v1/usage"))
+        .bearer_auth(key.secret.expose())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        usage["used"], 90,
+        "three requests of 10 + 20 tokens, read from the ledger"
+    );
+}

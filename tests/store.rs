@@ -1384,13 +1384,11 @@ async fn request_log_writes_a_waiting_batch_after_max_delay() {
             ..RequestLogConfig::default()
         },
     );
-    let started = std::time::Instant::now();
     for row in numbered_rows(0, 3) {
         log.record(row);
     }
     // Neither flush nor close: the deadline writes the batch.
     assert_eq!(next_append(&mut appends).await, (3, false));
-    assert!(started.elapsed() >= Duration::from_millis(50));
     assert_eq!(store.recent_requests(10).await.unwrap().len(), 3);
     // And again for a later batch.
     log.record(numbered_rows(3, 1).remove(0));

@@ -17,6 +17,7 @@ pub mod ledger;
 pub mod local;
 pub mod month;
 pub mod redis;
+pub mod unlimited;
 
 use std::time::Duration;
 
