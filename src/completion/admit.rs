@@ -1,9 +1,16 @@
 //! The admission step of a completion: ask the key's limiter for a running slot and a
 //! budget reservation, waiting in the key's queue when all slots are taken.
 
-use crate::admission::{Admitted, Cost, Denial, Grant, KeyLimits};
+use std::time::Duration;
+
+use crate::admission::{Admitted, Cost, Denial, Grant, KeyLimits, Month};
 use crate::app::AppState;
 use crate::error::ApiError;
+
+/// Pause before the second attempt of [`give_back_unconfirmed`]; doubled after each
+/// failed attempt, up to [`GIVE_BACK_MAX_PAUSE`].
+const GIVE_BACK_FIRST_PAUSE: Duration = Duration::from_millis(250);
+const GIVE_BACK_MAX_PAUSE: Duration = Duration::from_secs(4);
 
 /// Admits `lease` (the request id) for `key`, waiting in line if needed. A client that
 /// goes away while waiting leaves the queue.
@@ -15,8 +22,7 @@ pub async fn admit(
     lease: &str,
 ) -> Result<Grant, ApiError> {
     let limiter = state.limiter();
-    let denied = |denial| refusal(state, key, limits, denial);
-    match limiter.admit(key, limits, cost, lease).await {
+    let outcome = match limiter.admit(key, limits, cost, lease).await {
         Ok(Admitted::Running(grant)) => Ok(grant),
         Ok(Admitted::Queued) => {
             let mut place = QueuePlace {
@@ -27,13 +33,65 @@ pub async fn admit(
             };
             let turn = limiter.wait_turn(key, limits, cost, lease).await;
             place.waiting = false;
-            match turn {
-                Ok(grant) => Ok(grant),
-                Err(denial) => Err(denied(denial).await),
+            turn
+        }
+        Err(denial) => Err(denial),
+    };
+    match outcome {
+        Ok(grant) => Ok(grant),
+        Err(denial) => {
+            if matches!(denial, Denial::Unavailable(_)) {
+                give_back_unconfirmed(state, key, lease);
+            }
+            Err(refusal(state, key, limits, denial).await)
+        }
+    }
+}
+
+/// A step that failed on a shared backend may still take effect there: a Redis that
+/// answers too late (paused, busy, a slow network) runs the script all the same, and
+/// gives a running slot or a queue place to a request that was already refused — held
+/// until its lease lapses, while it blocks the key's real requests. So the refused lease
+/// is given back in the background: it leaves the queue and finishes with nothing used
+/// (both idempotent; no-ops for a lease that holds nothing). Attempts continue, further
+/// and further apart, until the backend answers or a lease could no longer be alive.
+/// In-process limiters (no lease renewal) never apply a step half-way: nothing to do.
+fn give_back_unconfirmed(state: &AppState, key: i64, lease: &str) {
+    let limiter = state.limiter_handle();
+    let Some(renewal) = limiter.lease_renewal() else {
+        return;
+    };
+    // A lease lives three renewal periods without renewal (the Redis limiter's TTL).
+    let window = renewal * 3;
+    let lease = lease.to_owned();
+    // Not on the tracked tasks: shutdown need not wait for a backend that is away (the
+    // leases lapse by themselves).
+    tokio::spawn(async move {
+        let started = tokio::time::Instant::now();
+        let nothing = Grant {
+            max_tokens: 0,
+            reserved: 0,
+            month: Month::now(),
+        };
+        let mut pause = GIVE_BACK_FIRST_PAUSE;
+        loop {
+            let given_back = async {
+                limiter.leave(key, &lease).await?;
+                limiter.finish(key, &lease, &nothing, 0).await
+            };
+            match given_back.await {
+                Ok(()) => return,
+                Err(err) if started.elapsed() + pause > window => {
+                    tracing::warn!(error = %err, request_id = %lease, "could not give back a refused admission; it lapses with its lease");
+                    return;
+                }
+                Err(_) => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(GIVE_BACK_MAX_PAUSE);
+                }
             }
         }
-        Err(denial) => Err(denied(denial).await),
-    }
+    });
 }
 
 /// The client-facing error for a refusal.
