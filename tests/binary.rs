@@ -158,7 +158,10 @@ async fn keys_cli_and_serve_work_together() {
 
     let (_server, url) = serve(&config);
     let body = serde_json::json!({"model": "llama-8b", "prompt": "Hi", "max_tokens": 2});
-    assert_eq!(complete(&url, &secret, body.clone()).await.status(), 200);
+    let served = complete(&url, &secret, body.clone()).await;
+    assert_eq!(served.status(), 200);
+    // The body ends once the request is settled: its usage is in the ledger.
+    served.bytes().await.unwrap();
 
     // Usage from the ledger, and a budget changed from the CLI applies at once.
     let usage = fleetgate(&config, &["keys", "usage", &secret[..12], "--json"]);

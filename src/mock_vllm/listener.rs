@@ -101,6 +101,8 @@ impl ListenerControl {
             return Poll::Pending;
         };
         let (stream, addr) = std::task::ready!(listener.poll_accept(cx))?;
+        // Like uvicorn: no Nagle delay on small writes (SSE frames).
+        stream.set_nodelay(true)?;
         let killed = Box::pin(slot.connections.clone().cancelled_owned());
         Poll::Ready(Ok((KillableStream { stream, killed }, addr)))
     }
