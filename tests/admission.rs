@@ -12,6 +12,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Gateway, MODEL, expect_error};
+use fleetgate::admission::Limiter;
 use fleetgate::mock_vllm::{FailureMode, MockConfig};
 use fleetgate::store::LimitOverrides;
 use serde_json::json;
@@ -288,11 +289,13 @@ async fn slots_come_back_after_an_upstream_failure_and_cost_nothing() {
     gw.mock.set_failure(FailureMode::Status500);
     let failed = gw.complete_as(&key, &body).send().await.unwrap();
     assert_eq!(failed.status(), 502);
-    gw.wait_occupancy(key_id, 0, 0).await;
+    // The slot is free by the time the error arrives: an immediate retry is admitted.
+    let free = (0, 0);
+    assert_eq!(gw.limiter.occupancy(key_id).await.unwrap(), free);
     gw.mock.set_failure(FailureMode::Refuse);
     let refused = gw.complete_as(&key, &body).send().await.unwrap();
     assert_eq!(refused.status(), 503);
-    gw.wait_occupancy(key_id, 0, 0).await;
+    assert_eq!(gw.limiter.occupancy(key_id).await.unwrap(), free);
     gw.mock.set_failure(FailureMode::None);
     assert_eq!(
         gw.complete_as(&key, &body).send().await.unwrap().status(),

@@ -128,7 +128,7 @@ async fn forward(
     .await?;
     let limits = KeyLimits::resolve(&state.config().limits, &caller.limits);
     let grant = admit::admit(state, caller.key_id, &limits, &plan.cost, request_id).await?;
-    let mut settlement = Settlement::new(
+    let settlement = Settlement::new(
         state.clone(),
         caller.key_id,
         request_id.to_owned(),
@@ -143,7 +143,7 @@ async fn forward(
     let upstream = match client.send_completion(target.upstream, body.into()).await {
         Ok(upstream) => upstream,
         Err(err) => {
-            settlement.charge_nothing();
+            settlement.release_unused().await;
             return Err(err.into());
         }
     };

@@ -31,8 +31,9 @@ pub async fn relay(
     forward_usage: bool,
 ) -> Result<Response, ApiError> {
     if !upstream.status().is_success() {
-        settlement.charge_nothing();
-        return Err(upstream_rejection(upstream).await);
+        let rejection = upstream_rejection(upstream).await;
+        settlement.release_unused().await;
+        return Err(rejection);
     }
     let is_sse = upstream
         .headers()

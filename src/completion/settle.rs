@@ -75,9 +75,15 @@ impl Settlement {
         &self.grant
     }
 
-    /// The upstream refused or failed before generating: nothing is charged.
-    pub fn charge_nothing(&mut self) {
+    /// The upstream refused or failed before generating: nothing is charged. Returns
+    /// once the slot is free again, so the error reaches the client after that (a
+    /// client that retries at once finds its slot).
+    pub async fn release_unused(mut self) {
         self.charged = false;
+        if let Some(settling) = self.settle() {
+            // A failed settlement task has logged its error.
+            let _ = settling.await;
+        }
     }
 
     /// Prompt and completion tokens to charge: the upstream's own usage when it
