@@ -102,7 +102,8 @@ pub async fn record(State(state): State<AppState>, mut request: Request, next: N
             key_prefix: None,
             email: None,
             client_ip,
-            endpoint: request.uri().path().to_owned(),
+            // Unknown paths are the client's text: keep the row small.
+            endpoint: request.uri().path().chars().take(256).collect(),
             model: None,
             prompt_tokens: None,
             completion_tokens: None,
