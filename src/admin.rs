@@ -2,12 +2,12 @@
 //! when none is set): create, list, show and revoke keys, set their limits, read their
 //! usage.
 
+use axum::Json;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::Response;
-use axum::{Json, http::header};
 use serde::{Deserialize, Deserializer, Serialize};
 use subtle::ConstantTimeEq;
 use utoipa::ToSchema;
@@ -17,6 +17,7 @@ use utoipa_axum::routes;
 use crate::admission::KeyLimits;
 use crate::app::AppState;
 use crate::error::ApiError;
+use crate::http::auth::bearer_token;
 use crate::keys;
 use crate::store::{KeyRecord, LimitOverrides, LimitUpdate};
 use crate::usage::{KeyUsage, key_usage};
@@ -42,12 +43,7 @@ pub async fn require_admin(
             path: request.uri().path().to_owned(),
         });
     };
-    let presented = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
+    let presented = bearer_token(request.headers()).unwrap_or("");
     if !bool::from(presented.as_bytes().ct_eq(token.expose().as_bytes())) {
         return Err(ApiError::Unauthorized("This route needs the admin token."));
     }

@@ -37,21 +37,27 @@ pub async fn require_key(
     Ok(next.run(request).await)
 }
 
-async fn authenticate(state: &AppState, headers: &http::HeaderMap) -> Result<Caller, ApiError> {
-    let value = headers
-        .get(header::AUTHORIZATION)
-        .ok_or(ApiError::Unauthorized(
-            "Missing Authorization header. Send 'Authorization: Bearer <your key>'.",
-        ))?;
-    let secret = value
+/// The token of an `Authorization: Bearer <token>` header (scheme case-insensitive).
+pub fn bearer_token(headers: &http::HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)?
         .to_str()
-        .ok()
-        .and_then(|v| v.trim().split_once(' '))
+        .ok()?
+        .trim()
+        .split_once(' ')
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, secret)| secret.trim())
-        .ok_or(ApiError::Unauthorized(
-            "The Authorization header must be 'Bearer <your key>'.",
-        ))?;
+        .map(|(_, token)| token.trim())
+}
+
+async fn authenticate(state: &AppState, headers: &http::HeaderMap) -> Result<Caller, ApiError> {
+    if !headers.contains_key(header::AUTHORIZATION) {
+        return Err(ApiError::Unauthorized(
+            "Missing Authorization header. Send 'Authorization: Bearer <your key>'.",
+        ));
+    }
+    let secret = bearer_token(headers).ok_or(ApiError::Unauthorized(
+        "The Authorization header must be 'Bearer <your key>'.",
+    ))?;
     let invalid = ApiError::Unauthorized("Invalid API key.");
     let Some((prefix, hash)) = keys::parse_bearer(secret) else {
         return Err(invalid);
