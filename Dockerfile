@@ -7,13 +7,16 @@ FROM rust:1.95-bookworm AS build
 WORKDIR /src
 # Dependencies first, so source edits do not rebuild them.
 COPY Cargo.toml Cargo.lock ./
-RUN mkdir -p src/bin \
+RUN mkdir -p src/bin benches \
  && echo 'fn main() {}' > src/main.rs \
  && echo 'fn main() {}' > src/bin/mock-vllm.rs \
+ && echo 'fn main() {}' > benches/overhead.rs \
  && touch src/lib.rs \
- && cargo build --release --locked \
- && rm -rf src
+ && cargo build --release --locked --bins \
+ && rm -rf src benches
 COPY src ./src
+COPY benches ./benches
+# sqlx embeds the migrations at compile time.
 COPY migrations ./migrations
 # Touch the sources so cargo rebuilds the crate itself over the placeholder build.
 RUN touch src/main.rs src/lib.rs src/bin/mock-vllm.rs \
