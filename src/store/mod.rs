@@ -33,6 +33,8 @@ macro_rules! request_log_columns {
     };
 }
 
+#[macro_use]
+mod shared;
 mod postgres;
 mod sqlite;
 

@@ -1,0 +1,196 @@
+//! The [`Store`](super::Store) methods both backends run with the same SQL and binds,
+//! written once.
+
+/// `impl Store for $store { … }`: the shared methods, run on `self.pool`, plus the
+/// backend's own methods (`append_request_log`) passed in the braces.
+///
+/// A macro rather than generic functions because the SQL and binds are the same for
+/// both backends but the pool types are not, and sqlx's bounds for "any database that
+/// can bind and decode these types" would be longer than the queries. The expansion
+/// resolves names (`KeyRecord`, `LimitColumns`…) where it is invoked, in `sqlite.rs` and
+/// `postgres.rs`.
+///
+/// The SQL is what both databases accept: `$N` parameters (sqlx-sqlite binds `$N` to
+/// argument N) and `CAST(… AS …)` rather than PostgreSQL's `::`.
+macro_rules! impl_store {
+    ($store:ty { $($own:item)* }) => {
+        #[async_trait::async_trait]
+        impl Store for $store {
+            async fn create_key(
+                &self,
+                name: &str,
+                email: Option<&str>,
+                key: &NewKey,
+                limits: &LimitOverrides,
+            ) -> Result<KeyRecord, StoreError> {
+                let limits = LimitColumns::encode(limits)?;
+                sqlx::query_as(concat!(
+                    "INSERT INTO api_keys (name, email, prefix, key_hash, created_at, ",
+                    "monthly_budget_tokens, requests_per_minute, max_concurrent, max_queued) ",
+                    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING ",
+                    key_columns!()
+                ))
+                .bind(name)
+                .bind(email)
+                .bind(&key.prefix)
+                .bind(key.hash.as_slice())
+                .bind(now_unix())
+                .bind(limits.monthly_budget)
+                .bind(limits.requests_per_minute)
+                .bind(limits.max_concurrent)
+                .bind(limits.max_queued)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(|e| insert_error(e, &key.prefix))
+            }
+
+            async fn key_by_prefix(
+                &self,
+                prefix: &str,
+            ) -> Result<Option<KeyRecord>, StoreError> {
+                Ok(sqlx::query_as(concat!(
+                    "SELECT ",
+                    key_columns!(),
+                    " FROM api_keys WHERE prefix = $1"
+                ))
+                .bind(prefix)
+                .fetch_optional(&self.pool)
+                .await?)
+            }
+
+            async fn key(&self, id_or_prefix: &str) -> Result<Option<KeyRecord>, StoreError> {
+                let Some((id, prefix)) = KeySelector::parse(id_or_prefix).binds() else {
+                    return Ok(None);
+                };
+                Ok(sqlx::query_as(concat!(
+                    "SELECT ",
+                    key_columns!(),
+                    " FROM api_keys WHERE id = $1 OR prefix = $2"
+                ))
+                .bind(id)
+                .bind(prefix)
+                .fetch_optional(&self.pool)
+                .await?)
+            }
+
+            async fn list_keys(&self) -> Result<Vec<KeyRecord>, StoreError> {
+                Ok(sqlx::query_as(concat!(
+                    "SELECT ",
+                    key_columns!(),
+                    " FROM api_keys ORDER BY id"
+                ))
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn revoke_key(
+                &self,
+                id_or_prefix: &str,
+            ) -> Result<Option<KeyRecord>, StoreError> {
+                let Some((id, prefix)) = KeySelector::parse(id_or_prefix).binds() else {
+                    return Ok(None);
+                };
+                Ok(sqlx::query_as(concat!(
+                    "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $1) ",
+                    "WHERE id = $2 OR prefix = $3 RETURNING ",
+                    key_columns!()
+                ))
+                .bind(now_unix())
+                .bind(id)
+                .bind(prefix)
+                .fetch_optional(&self.pool)
+                .await?)
+            }
+
+            async fn set_limits(
+                &self,
+                id_or_prefix: &str,
+                update: &LimitUpdate,
+            ) -> Result<Option<KeyRecord>, StoreError> {
+                let update = UpdateColumns::encode(update)?;
+                let Some((id, prefix)) = KeySelector::parse(id_or_prefix).binds() else {
+                    return Ok(None);
+                };
+                // The casts give PostgreSQL the parameters' types; on SQLite they change nothing
+                // (the values bound are already 0/1, integers or NULL).
+                Ok(sqlx::query_as(concat!(
+                    "UPDATE api_keys SET ",
+                    "monthly_budget_tokens = CASE WHEN CAST($1 AS BOOLEAN) ",
+                    "THEN CAST($2 AS BIGINT) ELSE monthly_budget_tokens END, ",
+                    "requests_per_minute = CASE WHEN CAST($3 AS BOOLEAN) ",
+                    "THEN CAST($4 AS INTEGER) ELSE requests_per_minute END, ",
+                    "max_concurrent = CASE WHEN CAST($5 AS BOOLEAN) ",
+                    "THEN CAST($6 AS INTEGER) ELSE max_concurrent END, ",
+                    "max_queued = CASE WHEN CAST($7 AS BOOLEAN) ",
+                    "THEN CAST($8 AS INTEGER) ELSE max_queued END ",
+                    "WHERE id = $9 OR prefix = $10 RETURNING ",
+                    key_columns!()
+                ))
+                .bind(update.monthly_budget.0)
+                .bind(update.monthly_budget.1)
+                .bind(update.requests_per_minute.0)
+                .bind(update.requests_per_minute.1)
+                .bind(update.max_concurrent.0)
+                .bind(update.max_concurrent.1)
+                .bind(update.max_queued.0)
+                .bind(update.max_queued.1)
+                .bind(id)
+                .bind(prefix)
+                .fetch_optional(&self.pool)
+                .await?)
+            }
+
+            async fn record_usage(&self, row: &UsageRow) -> Result<(), StoreError> {
+                let counts = UsageColumns::encode(row)?;
+                sqlx::query(concat!(
+                    "INSERT INTO usage_ledger ",
+                    "(key_id, request_id, month, prompt_tokens, completion_tokens, created_at) ",
+                    "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (request_id) DO NOTHING"
+                ))
+                .bind(row.key_id)
+                .bind(&row.request_id)
+                .bind(&row.month)
+                .bind(counts.prompt_tokens)
+                .bind(counts.completion_tokens)
+                .bind(row.created_at)
+                .execute(&self.pool)
+                .await?;
+                Ok(())
+            }
+
+            async fn month_usage(&self, key_id: i64, month: &str) -> Result<u64, StoreError> {
+                // PostgreSQL's SUM of BIGINT is NUMERIC: cast it back.
+                let sum: i64 = sqlx::query_scalar(concat!(
+                    "SELECT CAST(COALESCE(SUM(prompt_tokens + completion_tokens), 0) AS BIGINT) ",
+                    "FROM usage_ledger WHERE key_id = $1 AND month = $2"
+                ))
+                .bind(key_id)
+                .bind(month)
+                .fetch_one(&self.pool)
+                .await?;
+                Ok(convert(sum, "SUM(tokens)")?)
+            }
+
+            async fn recent_requests(
+                &self,
+                limit: u32,
+            ) -> Result<Vec<RequestLogRow>, StoreError> {
+                Ok(sqlx::query_as(concat!(
+                    "SELECT ",
+                    request_log_columns!(),
+                    " FROM request_log ORDER BY created_at_ms DESC, id DESC LIMIT $1"
+                ))
+                .bind(i64::from(limit))
+                .fetch_all(&self.pool)
+                .await?)
+            }
+
+            async fn ping(&self) -> Result<(), StoreError> {
+                sqlx::query("SELECT 1").execute(&self.pool).await?;
+                Ok(())
+            }
+
+            $($own)*
+        }
+    };
+}
