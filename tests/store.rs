@@ -1326,11 +1326,14 @@ impl Store for WatchedStore {
             .failures_left
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok();
+        // Reported once the attempt is over, so a test that saw it can read the rows.
+        let result = if fail {
+            Err(StoreError::Database(sqlx::Error::PoolTimedOut))
+        } else {
+            self.inner.append_request_log(rows).await
+        };
         let _ = self.appends.send((rows.len(), fail));
-        if fail {
-            return Err(StoreError::Database(sqlx::Error::PoolTimedOut));
-        }
-        self.inner.append_request_log(rows).await
+        result
     }
     async fn recent_requests(&self, limit: u32) -> Result<Vec<RequestLogRow>, StoreError> {
         self.inner.recent_requests(limit).await
