@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::middleware;
+use axum::routing::get;
 use tokio_util::task::TaskTracker;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::compression::CompressionLayer;
@@ -18,6 +19,7 @@ use crate::config::Config;
 use crate::error::ApiError;
 use crate::fleet::Fleet;
 use crate::http::{auth, envelope, fallback, request_record};
+use crate::metrics::{self, Metrics};
 use crate::openapi::ApiDoc;
 use crate::request_log::RequestLog;
 use crate::store::Store;
@@ -42,6 +44,8 @@ struct Inner {
     fleet: Fleet,
     /// The pooled HTTP client for all upstreams.
     upstream: UpstreamClient,
+    /// The Prometheus registry and its handles (`GET /metrics`).
+    metrics: Metrics,
 }
 
 impl AppState {
@@ -52,6 +56,7 @@ impl AppState {
     ) -> anyhow::Result<Self> {
         let upstream = UpstreamClient::new(&config.upstream)?;
         let fleet = Fleet::new(&config);
+        let metrics = Metrics::new(&fleet);
         Ok(Self(Arc::new(Inner {
             config,
             limiter,
@@ -60,6 +65,7 @@ impl AppState {
             store,
             fleet,
             upstream,
+            metrics,
         })))
     }
 
@@ -87,6 +93,9 @@ impl AppState {
     }
     pub fn request_log(&self) -> &RequestLog {
         &self.0.request_log
+    }
+    pub fn metrics(&self) -> &Metrics {
+        &self.0.metrics
     }
 
     /// Learns what every upstream serves, so the first requests need not wait for it.
@@ -131,8 +140,10 @@ pub fn build_router(state: AppState) -> Router {
             admin::require_admin,
         ))
         .split_for_parts();
+    // Ops routes without a key; `/metrics` is not in the OpenAPI document.
     let (open, _) = OpenApiRouter::new()
         .routes(routes!(health::health))
+        .route("/metrics", get(metrics::scrape))
         .split_for_parts();
     let swagger = SwaggerUi::new("/swagger").url("/openapi.json", crate::openapi::document());
 

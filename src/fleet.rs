@@ -79,6 +79,10 @@ impl Model {
         }
     }
 
+    pub fn upstreams(&self) -> &[Arc<Upstream>] {
+        &self.upstreams
+    }
+
     /// The upstream for the next request (round robin; load-aware picking comes with
     /// health tracking).
     pub fn pick(&self) -> Arc<Upstream> {

@@ -12,6 +12,7 @@ pub mod fleet;
 pub mod health;
 pub mod http;
 pub mod keys;
+pub mod metrics;
 pub mod mock_vllm;
 pub mod models;
 pub mod openapi;

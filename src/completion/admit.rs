@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::admission::{Admitted, Cost, Denial, Grant, KeyLimits, Month};
 use crate::app::AppState;
 use crate::error::ApiError;
+use crate::metrics::Refusal;
 
 /// Pause before the second attempt of [`give_back_unconfirmed`]; doubled after each
 /// failed attempt, up to [`GIVE_BACK_MAX_PAUSE`].
@@ -25,6 +26,7 @@ pub async fn admit(
     let outcome = match limiter.admit(key, limits, cost, lease).await {
         Ok(Admitted::Running(grant)) => Ok(grant),
         Ok(Admitted::Queued) => {
+            let _queued = state.metrics().admission_queued();
             let mut place = QueuePlace {
                 state,
                 key,
@@ -40,6 +42,12 @@ pub async fn admit(
     match outcome {
         Ok(grant) => Ok(grant),
         Err(denial) => {
+            state.metrics().admission_refused(match denial {
+                Denial::RateLimited { .. } => Refusal::RateLimited,
+                Denial::QueueFull { .. } => Refusal::QueueFull,
+                Denial::BudgetExceeded { .. } => Refusal::BudgetExceeded,
+                Denial::Unavailable(_) => Refusal::Unavailable,
+            });
             if matches!(denial, Denial::Unavailable(_)) {
                 give_back_unconfirmed(state, key, lease);
             }

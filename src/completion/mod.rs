@@ -8,6 +8,8 @@ pub mod relay;
 pub mod request;
 pub mod settle;
 
+use std::time::Instant;
+
 use axum::Extension;
 use axum::body::Body;
 use axum::extract::State;
@@ -22,6 +24,7 @@ use crate::http::auth::Caller;
 use crate::http::body::{read_limited, require_json};
 use crate::http::envelope::RequestId;
 use crate::http::request_record::RequestRecord;
+use crate::metrics::UpstreamOutcome;
 use plan::Planner;
 use request::CompletionRequest;
 use settle::Settlement;
@@ -90,6 +93,7 @@ pub async fn create_completion(
     let result = match served {
         Ok(served) => {
             let target = Target {
+                model: &model.id,
                 upstream: &upstream,
                 served: &served,
             };
@@ -105,6 +109,8 @@ pub async fn create_completion(
 /// The upstream chosen for a request and what it serves.
 #[derive(Clone, Copy)]
 struct Target<'a> {
+    /// The configured model id.
+    model: &'a str,
     upstream: &'a Upstream,
     served: &'a Served,
 }
@@ -128,7 +134,7 @@ async fn forward(
     .await?;
     let limits = KeyLimits::resolve(&state.config().limits, &caller.limits);
     let grant = admit::admit(state, caller.key_id, &limits, &plan.cost, request_id).await?;
-    let settlement = Settlement::new(
+    let mut settlement = Settlement::new(
         state.clone(),
         caller.key_id,
         request_id.to_owned(),
@@ -140,14 +146,20 @@ async fn forward(
     let clamped = applied < plan.cost.max_tokens;
     let send_max_tokens = (clamped || plan.default_max_tokens).then_some(applied);
     let body = request.upstream_body(&target.served.name, send_max_tokens);
+    let metrics = state.metrics().upstream(target.model, &target.upstream.gpu);
+    settlement.hold_in_flight(metrics.in_flight());
+    let sent = Instant::now();
     let upstream = match client.send_completion(target.upstream, body.into()).await {
         Ok(upstream) => upstream,
         Err(err) => {
+            metrics.outcome(UpstreamOutcome::Unreachable);
             settlement.release_unused().await;
             return Err(err.into());
         }
     };
-    let mut response = relay::relay(upstream, settlement, request.include_usage()).await?;
+    let first_byte = relay::FirstByte { metrics, sent };
+    let mut response =
+        relay::relay(upstream, settlement, request.include_usage(), first_byte).await?;
     if clamped {
         let source = if plan.default_max_tokens {
             "default"

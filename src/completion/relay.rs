@@ -6,6 +6,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::time::Instant;
 
 use axum::body::Body;
 use axum::http::header;
@@ -17,6 +18,7 @@ use tokio::task::JoinHandle;
 use crate::completion::meter::Meter;
 use crate::completion::settle::Settlement;
 use crate::error::ApiError;
+use crate::metrics::{UpstreamMetrics, UpstreamOutcome};
 use crate::upstream::upstream_rejection;
 
 /// Response headers worth keeping from the upstream; everything else is hop-by-hop or
@@ -25,16 +27,20 @@ use crate::upstream::upstream_rejection;
 const KEPT_HEADERS: [header::HeaderName; 1] = [header::CONTENT_TYPE];
 
 /// `forward_usage`: whether the client asked for a stream's usage-only frame.
+/// `first_byte`: the upstream's series, for its outcome and time to the first byte.
 pub async fn relay(
     upstream: reqwest::Response,
     mut settlement: Settlement,
     forward_usage: bool,
+    first_byte: FirstByte,
 ) -> Result<Response, ApiError> {
     if !upstream.status().is_success() {
+        first_byte.metrics.outcome(UpstreamOutcome::ErrorStatus);
         let rejection = upstream_rejection(upstream).await;
         settlement.release_unused().await;
         return Err(rejection);
     }
+    first_byte.metrics.outcome(UpstreamOutcome::Ok);
     let is_sse = upstream
         .headers()
         .get(header::CONTENT_TYPE)
@@ -60,6 +66,7 @@ pub async fn relay(
         rest: None,
         settling: None,
         ended: false,
+        first_byte: Some(first_byte),
     };
     response
         .body(Body::from_stream(body))
@@ -77,6 +84,15 @@ struct Metered {
     /// whole answer finds its slot free and its usage counted.
     settling: Option<JoinHandle<()>>,
     ended: bool,
+    /// Observes the time to the first body byte, once.
+    first_byte: Option<FirstByte>,
+}
+
+/// The upstream's series and when the request was sent to it, for the time to its
+/// first body byte.
+pub struct FirstByte {
+    pub metrics: UpstreamMetrics,
+    pub sent: Instant,
 }
 
 impl Stream for Metered {
@@ -98,6 +114,9 @@ impl Stream for Metered {
             }
             match ready!(this.inner.as_mut().poll_next(cx)) {
                 Some(Ok(chunk)) => {
+                    if let Some(first) = this.first_byte.take() {
+                        first.metrics.first_byte(first.sent);
+                    }
                     let out = this.settlement.meter.feed(chunk);
                     if !out.is_empty() {
                         return Poll::Ready(Some(Ok(out)));

@@ -12,6 +12,7 @@ use crate::admission::{Grant, Limiter};
 use crate::app::AppState;
 use crate::completion::meter::Meter;
 use crate::http::request_record::RequestRecord;
+use crate::metrics::GaugeGuard;
 use crate::store::UsageRow;
 
 /// Owns an admitted request's slot and reservation until it is settled; dropping it
@@ -31,6 +32,11 @@ pub struct Settlement {
     renewal: CancellationToken,
     /// Whether the upstream accepted the request (an error status costs nothing).
     charged: bool,
+    /// Counts the request in `fleetgate_admission_running` until settled.
+    running: Option<GaugeGuard>,
+    /// Counts the request in `fleetgate_in_flight_requests` from when it is sent
+    /// upstream until settled (the body ended, failed or was dropped).
+    in_flight: Option<GaugeGuard>,
     settled: bool,
 }
 
@@ -57,7 +63,10 @@ impl Settlement {
                 }
             });
         }
+        let running = Some(state.metrics().admission_running());
         Self {
+            running,
+            in_flight: None,
             renewal,
             record,
             state,
@@ -73,6 +82,11 @@ impl Settlement {
 
     pub fn grant(&self) -> &Grant {
         &self.grant
+    }
+
+    /// Holds the upstream's in-flight count until the request is settled.
+    pub fn hold_in_flight(&mut self, guard: GaugeGuard) {
+        self.in_flight = Some(guard);
     }
 
     /// The upstream refused or failed before generating: nothing is charged. Returns
@@ -106,6 +120,8 @@ impl Settlement {
             return None;
         }
         self.renewal.cancel();
+        self.in_flight = None;
+        self.running = None;
         let (prompt_tokens, completion_tokens) = self.tokens();
         self.record.set_tokens(prompt_tokens, completion_tokens);
         self.record.release();

@@ -5,7 +5,8 @@
 //! The middleware opens the record and fills in what it sees; the stages fill in the
 //! rest as they learn it. A completion whose body is still streaming holds the record
 //! open: the row is written when the last holder lets go, so streams are logged with
-//! their final token counts and full latency.
+//! their final token counts and full latency. The request metrics are counted at the
+//! same moment, from the same row.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -19,6 +20,7 @@ use axum::response::Response;
 use crate::app::AppState;
 use crate::error::ErrorBody;
 use crate::http::envelope::RequestId;
+use crate::metrics::{FinishedRequest, Metrics};
 use crate::request_log::RequestLog;
 use crate::store::RequestLogRow;
 
@@ -34,6 +36,7 @@ struct Open {
     /// Parties that must let go before the row is written.
     holders: u8,
     log: RequestLog,
+    metrics: Metrics,
 }
 
 impl RequestRecord {
@@ -71,6 +74,14 @@ impl RequestRecord {
         if open.holders == 0 {
             let latency = open.started.elapsed();
             open.row.latency_ms = u64::try_from(latency.as_millis()).unwrap_or(u64::MAX);
+            open.metrics.request_finished(&FinishedRequest {
+                model: open.row.model.as_deref(),
+                status: open.row.status,
+                error_code: open.row.error_code.as_deref(),
+                prompt_tokens: open.row.prompt_tokens,
+                completion_tokens: open.row.completion_tokens,
+                latency,
+            });
             open.log.record(open.row.clone());
         }
     }
@@ -115,6 +126,7 @@ pub async fn record(State(state): State<AppState>, mut request: Request, next: N
         started: Instant::now(),
         holders: 1,
         log: state.request_log().clone(),
+        metrics: state.metrics().clone(),
     })));
     request.extensions_mut().insert(record.clone());
     let response = next.run(request).await;

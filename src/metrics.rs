@@ -1,0 +1,369 @@
+//! Prometheus metrics: the registry, its typed handles and `GET /metrics` (text format
+//! 0.0.4, no key needed; an ops route, not in the OpenAPI document).
+//!
+//! Labels come only from bounded sets: configured model ids (`""` when the request named
+//! no known model), configured GPU labels, status codes, error codes and fixed outcome
+//! and reason words. Never a key, a key prefix, a client-chosen string or request text.
+//!
+//! Per-upstream series are labelled `{model, gpu}` ([`UpstreamLabels`]) and created for
+//! every configured upstream at start-up, so per-node gauges (health, …) can be added
+//! alongside with the same labels.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::prometheus_text;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::app::AppState;
+use crate::fleet::Fleet;
+
+/// `{model, status, code}` of a finished request.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    model: String,
+    status: u16,
+    code: String,
+}
+
+/// `{model}`: a configured model id, or `""`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelLabels {
+    model: String,
+}
+
+/// `{model, gpu}`: one configured upstream of one model.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamLabels {
+    model: String,
+    gpu: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    model: String,
+    gpu: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+/// How a request forwarded to an upstream went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpstreamOutcome {
+    /// A success status.
+    Ok,
+    /// The upstream answered with an error status.
+    ErrorStatus,
+    /// No answer: connection refused, reset or timed out.
+    Unreachable,
+}
+
+impl UpstreamOutcome {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::ErrorStatus => "error_status",
+            Self::Unreachable => "unreachable",
+        }
+    }
+}
+
+/// Why admission refused a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    RateLimited,
+    QueueFull,
+    BudgetExceeded,
+    Unavailable,
+}
+
+impl Refusal {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::RateLimited => "rate_limited",
+            Self::QueueFull => "queue_full",
+            Self::BudgetExceeded => "budget_exceeded",
+            Self::Unavailable => "unavailable",
+        }
+    }
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// The registry and the handles of every series; cheap to clone.
+#[derive(Clone)]
+pub struct Metrics(Arc<Inner>);
+
+struct Inner {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    request_duration: HistogramFamily<ModelLabels>,
+    prompt_tokens: Family<ModelLabels, Counter>,
+    completion_tokens: Family<ModelLabels, Counter>,
+    upstream_ttfb: HistogramFamily<UpstreamLabels>,
+    upstream_requests: Family<OutcomeLabels, Counter>,
+    in_flight: Family<UpstreamLabels, Gauge>,
+    admission_running: Gauge,
+    admission_queued: Gauge,
+    admission_refusals: Family<ReasonLabels, Counter>,
+}
+
+/// 5 ms to ~5.5 min, doubling: whole requests (long generations included).
+fn duration_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.005, 2.0, 17))
+}
+
+/// 1 ms to ~65 s, doubling: time to the upstream's first byte.
+fn ttfb_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+impl Metrics {
+    /// Registers every series; the per-upstream ones start at zero for each configured
+    /// upstream.
+    pub fn new(fleet: &Fleet) -> Self {
+        let mut registry = Registry::with_prefix("fleetgate");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "requests",
+            "Finished requests on every route, by configured model (\"\" when none), HTTP status and error code (\"\" on success)",
+            requests.clone(),
+        );
+        let request_duration: HistogramFamily<ModelLabels> =
+            Family::new_with_constructor(duration_histogram);
+        registry.register(
+            "request_duration_seconds",
+            "Request latency from arrival to the last byte of the response",
+            request_duration.clone(),
+        );
+        let prompt_tokens = Family::<ModelLabels, Counter>::default();
+        registry.register(
+            "prompt_tokens",
+            "Prompt tokens charged",
+            prompt_tokens.clone(),
+        );
+        let completion_tokens = Family::<ModelLabels, Counter>::default();
+        registry.register(
+            "completion_tokens",
+            "Completion tokens charged",
+            completion_tokens.clone(),
+        );
+        let upstream_ttfb: HistogramFamily<UpstreamLabels> =
+            Family::new_with_constructor(ttfb_histogram);
+        registry.register(
+            "upstream_time_to_first_byte_seconds",
+            "Time from sending a completion to the upstream until the first byte of its successful response body",
+            upstream_ttfb.clone(),
+        );
+        let upstream_requests = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "upstream_requests",
+            "Completions forwarded to an upstream, by outcome: ok, error_status (it answered an error status) or unreachable (no answer)",
+            upstream_requests.clone(),
+        );
+        let in_flight = Family::<UpstreamLabels, Gauge>::default();
+        registry.register(
+            "in_flight_requests",
+            "Completions forwarded to an upstream whose response body has not ended yet",
+            in_flight.clone(),
+        );
+        let admission_running = Gauge::default();
+        registry.register(
+            "admission_running",
+            "Admitted requests holding a running slot, all keys together; this replica's own requests (with Redis, other replicas count theirs)",
+            admission_running.clone(),
+        );
+        let admission_queued = Gauge::default();
+        registry.register(
+            "admission_queued",
+            "Requests waiting in a key's queue, all keys together; this replica's own requests (with Redis, other replicas count theirs)",
+            admission_queued.clone(),
+        );
+        let admission_refusals = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "admission_refusals",
+            "Requests refused by admission: rate_limited, queue_full, budget_exceeded or unavailable (the shared counters cannot be reached)",
+            admission_refusals.clone(),
+        );
+
+        for model in fleet.models() {
+            for upstream in model.upstreams() {
+                let labels = UpstreamLabels::new(&model.id, &upstream.gpu);
+                let _ = in_flight.get_or_create(&labels);
+            }
+        }
+        Self(Arc::new(Inner {
+            registry,
+            requests,
+            request_duration,
+            prompt_tokens,
+            completion_tokens,
+            upstream_ttfb,
+            upstream_requests,
+            in_flight,
+            admission_running,
+            admission_queued,
+            admission_refusals,
+        }))
+    }
+
+    /// The registry in the Prometheus text format.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut text = String::new();
+        prometheus_text::encode(&mut text, &self.0.registry)?;
+        Ok(text)
+    }
+
+    /// One finished request (its metadata row is final). `model`: the configured model
+    /// id, `None` when the request named no known model.
+    pub fn request_finished(&self, finished: &FinishedRequest<'_>) {
+        let model = finished.model.unwrap_or("").to_owned();
+        self.0
+            .requests
+            .get_or_create(&RequestLabels {
+                model: model.clone(),
+                status: finished.status,
+                code: finished.error_code.unwrap_or("").to_owned(),
+            })
+            .inc();
+        let labels = ModelLabels { model };
+        self.0
+            .request_duration
+            .get_or_create(&labels)
+            .observe(finished.latency.as_secs_f64());
+        if let Some(tokens) = finished.prompt_tokens {
+            self.0.prompt_tokens.get_or_create(&labels).inc_by(tokens);
+        }
+        if let Some(tokens) = finished.completion_tokens {
+            self.0
+                .completion_tokens
+                .get_or_create(&labels)
+                .inc_by(tokens);
+        }
+    }
+
+    /// The handles of one upstream of one model.
+    pub fn upstream(&self, model: &str, gpu: &str) -> UpstreamMetrics {
+        UpstreamMetrics {
+            metrics: self.clone(),
+            labels: UpstreamLabels::new(model, gpu),
+        }
+    }
+
+    /// Counts a request as running (holding an admission slot) while the guard lives.
+    pub fn admission_running(&self) -> GaugeGuard {
+        GaugeGuard::new(self.0.admission_running.clone())
+    }
+
+    /// Counts a request as queued while the guard lives.
+    pub fn admission_queued(&self) -> GaugeGuard {
+        GaugeGuard::new(self.0.admission_queued.clone())
+    }
+
+    pub fn admission_refused(&self, reason: Refusal) {
+        self.0
+            .admission_refusals
+            .get_or_create(&ReasonLabels {
+                reason: reason.as_str(),
+            })
+            .inc();
+    }
+}
+
+/// What [`Metrics::request_finished`] records, from the request's metadata row.
+pub struct FinishedRequest<'a> {
+    pub model: Option<&'a str>,
+    pub status: u16,
+    pub error_code: Option<&'a str>,
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    pub latency: Duration,
+}
+
+impl UpstreamLabels {
+    fn new(model: &str, gpu: &str) -> Self {
+        Self {
+            model: model.to_owned(),
+            gpu: gpu.to_owned(),
+        }
+    }
+}
+
+/// The series of one upstream of one model.
+#[derive(Clone)]
+pub struct UpstreamMetrics {
+    metrics: Metrics,
+    labels: UpstreamLabels,
+}
+
+impl UpstreamMetrics {
+    /// Counts a request as in flight to this upstream while the guard lives.
+    pub fn in_flight(&self) -> GaugeGuard {
+        GaugeGuard::new(self.metrics.0.in_flight.get_or_create_owned(&self.labels))
+    }
+
+    pub fn outcome(&self, outcome: UpstreamOutcome) {
+        self.metrics
+            .0
+            .upstream_requests
+            .get_or_create(&OutcomeLabels {
+                model: self.labels.model.clone(),
+                gpu: self.labels.gpu.clone(),
+                outcome: outcome.as_str(),
+            })
+            .inc();
+    }
+
+    /// The first body byte arrived; `sent`: when the request was sent.
+    pub fn first_byte(&self, sent: Instant) {
+        self.metrics
+            .0
+            .upstream_ttfb
+            .get_or_create(&self.labels)
+            .observe(sent.elapsed().as_secs_f64());
+    }
+}
+
+/// Increments a gauge now and decrements it when dropped.
+#[derive(Debug)]
+pub struct GaugeGuard(Gauge);
+
+impl GaugeGuard {
+    fn new(gauge: Gauge) -> Self {
+        gauge.inc();
+        Self(gauge)
+    }
+}
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// `GET /metrics`.
+pub async fn scrape(State(state): State<AppState>) -> Response {
+    match state.metrics().encode() {
+        Ok(text) => (
+            [(header::CONTENT_TYPE, prometheus_text::CONTENT_TYPE)],
+            text,
+        )
+            .into_response(),
+        Err(err) => {
+            tracing::error!(error = %err, "could not encode the metrics");
+            StatusCode::INTERNAL_SERVER_ERROR.into_response()
+        }
+    }
+}
