@@ -43,6 +43,14 @@ async fn every_request_gets_one_metadata_row_without_text() {
         .await
         .unwrap();
     assert_eq!(anonymous.status(), 401);
+    // Health probes are not API requests: no row.
+    let health = gw
+        .client
+        .get(format!("{}/health", gw.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
 
     // Streams are logged when they end; wait for their settlement, then for the writer.
     gw.state.tasks().close();

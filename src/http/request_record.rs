@@ -87,9 +87,14 @@ impl RequestRecord {
     }
 }
 
-/// Opens the record (inside the envelope middleware, so it sees error bodies before
+/// Opens the record of an API request (inside the envelope middleware, so it sees error bodies before
 /// they are rendered) and releases its own hold when the response is ready.
 pub async fn record(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+    // Only API requests are recorded: health probes, metric scrapes and the docs would
+    // drown the log (and the request metrics) in noise.
+    if !is_api_path(request.uri().path()) {
+        return next.run(request).await;
+    }
     let request_id = request
         .extensions()
         .get::<RequestId>()
@@ -140,6 +145,10 @@ pub async fn record(State(state): State<AppState>, mut request: Request, next: N
     }
     record.release();
     response
+}
+
+fn is_api_path(path: &str) -> bool {
+    path.starts_with("/v1/") || path.starts_with("/admin/") || path == "/admin"
 }
 
 fn unix_ms() -> i64 {
