@@ -138,7 +138,7 @@ impl Metrics {
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register(
             "requests",
-            "Finished requests on every route, by configured model (\"\" when none), HTTP status and error code (\"\" on success)",
+            "Finished API requests (/v1, /admin), by configured model (\"\" when none), HTTP status and error code (\"\" on success)",
             requests.clone(),
         );
         let request_duration: HistogramFamily<ModelLabels> =
