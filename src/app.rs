@@ -5,6 +5,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::middleware;
 use axum::routing::get;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::compression::CompressionLayer;
@@ -33,6 +34,8 @@ struct Inner {
     config: Config,
     /// Live per-key counters: rate, slots, queue, budget reservations.
     limiter: Arc<dyn Limiter>,
+    /// Cancelled when the shutdown grace period is over: bodies still streaming end.
+    draining: CancellationToken,
     /// The request metadata log's writer.
     request_log: RequestLog,
     /// Work that must finish even when its request is gone (settling, leaving a queue);
@@ -60,6 +63,7 @@ impl AppState {
         Ok(Self(Arc::new(Inner {
             config,
             limiter,
+            draining: CancellationToken::new(),
             request_log: RequestLog::start(Arc::clone(&store)),
             tasks: TaskTracker::new(),
             store,
@@ -90,6 +94,9 @@ impl AppState {
     }
     pub fn tasks(&self) -> &TaskTracker {
         &self.0.tasks
+    }
+    pub fn draining(&self) -> &CancellationToken {
+        &self.0.draining
     }
     pub fn request_log(&self) -> &RequestLog {
         &self.0.request_log

@@ -29,6 +29,10 @@ pub struct Config {
     /// Largest accepted request body; larger ones get 413.
     #[serde(default = "default_max_body_bytes")]
     pub max_body_bytes: usize,
+    /// On SIGTERM/Ctrl-C, how long in-flight requests may take to finish before their
+    /// connections are closed (usage and the request log are written either way).
+    #[serde(default = "default_shutdown_grace_ms")]
+    pub shutdown_grace_ms: u64,
     /// Log format: `text` for people, `json` for machines.
     #[serde(default)]
     pub log_format: LogFormat,
@@ -173,6 +177,9 @@ fn default_pool_idle_timeout_ms() -> u64 {
 }
 fn default_max_logprobs() -> u32 {
     20
+}
+fn default_shutdown_grace_ms() -> u64 {
+    30_000
 }
 fn default_true() -> bool {
     true

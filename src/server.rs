@@ -1,11 +1,13 @@
 //! Running the gateway: logging, store, state, listener, graceful shutdown.
 
-use std::future::Future;
+use std::future::{Future, IntoFuture};
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
+use tokio::sync::Notify;
 
 use crate::admission::ledger::LedgerUsage;
 use crate::admission::local::LocalLimiter;
@@ -51,6 +53,9 @@ pub async fn prepare(config: Config) -> anyhow::Result<AppState> {
     AppState::new(config, store, limiter)
 }
 
+/// After the grace period, how long the cut connections get to close.
+const DRAIN_CUT_WAIT: Duration = Duration::from_secs(2);
+
 /// Serves on `listener` until `shutdown` resolves, then lets in-flight requests finish.
 pub async fn serve(
     state: AppState,
@@ -58,7 +63,9 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     state.discover_upstreams().await;
+    let grace = Duration::from_millis(state.config().shutdown_grace_ms);
     let tasks = state.tasks().clone();
+    let draining = state.draining().clone();
     let request_log = state.request_log().clone();
     let router = build_router(state);
     // Without TCP_NODELAY a streamed response's small writes (headers, then each
@@ -68,12 +75,37 @@ pub async fn serve(
             tracing::warn!(error = %err, "could not set TCP_NODELAY");
         }
     });
-    axum::serve(
+    let stopping = Arc::new(Notify::new());
+    let stop_accepting = {
+        let stopping = Arc::clone(&stopping);
+        async move {
+            shutdown.await;
+            stopping.notify_one();
+        }
+    };
+    let server = axum::serve(
         listener,
         router.into_make_service_with_connect_info::<std::net::SocketAddr>(),
     )
-    .with_graceful_shutdown(shutdown)
-    .await?;
+    .with_graceful_shutdown(stop_accepting)
+    .into_future();
+    // Once asked to stop: no new connections; in-flight requests get `grace` to finish.
+    // Then the rest are cut: their bodies end (an error, so no client mistakes a cut
+    // answer for a whole one) and their settlements run below like any other.
+    tokio::pin!(server);
+    tokio::select! {
+        served = &mut server => served?,
+        () = async {
+            stopping.notified().await;
+            tokio::time::sleep(grace).await;
+        } => {
+            tracing::warn!(grace_ms = grace.as_millis() as u64, "in-flight requests did not finish within the shutdown grace period; cutting them");
+            draining.cancel();
+            // Cut connections close at once; requests still waiting in a queue hold
+            // nothing worth waiting for.
+            let _ = tokio::time::timeout(DRAIN_CUT_WAIT, &mut server).await;
+        }
+    }
     // Settlements of the last requests (ledger rows, released slots).
     tasks.close();
     tasks.wait().await;

@@ -284,3 +284,70 @@ async fn a_full_vocab_body_streams_through_with_bounded_memory() {
         "RSS grew {growth} bytes for a {total}-byte body: buffered?"
     );
 }
+
+#[tokio::test]
+async fn sigterm_drains_within_the_grace_period_and_keeps_the_usage() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_mock, upstream) = start_mock(&["--token-delay-ms", "50"]);
+    let config = write_config(dir.path(), &upstream);
+    let created = fleetgate(&config, &["keys", "create", "--name", "drain"]);
+    let secret = String::from_utf8(created.stdout)
+        .unwrap()
+        .trim_end()
+        .lines()
+        .last()
+        .unwrap()
+        .to_owned();
+    let mut child = tokio::process::Command::new(FLEETGATE)
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env("FLEETGATE_SHUTDOWN_GRACE_MS", "300")
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap().into_owned_fd().unwrap();
+    let address = wait_for_line(std::fs::File::from(stderr), |l| {
+        l.contains("fleetgate listening")
+            .then(|| l.split("address=").nth(1))
+            .flatten()
+            .map(|a| a.split_whitespace().next().unwrap_or("").to_owned())
+    });
+    let url = format!("http://{address}");
+
+    // A long stream is running when the gateway is told to stop.
+    let body = serde_json::json!({"model": "llama-8b", "prompt": [1, 2, 3], "max_tokens": 1000, "stream": true});
+    let mut stream = complete(&url, &secret, body).await;
+    assert_eq!(stream.status(), 200);
+    stream.chunk().await.unwrap().unwrap();
+    let pid = child.id().unwrap().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+
+    // The stream is cut after the grace period, the process exits cleanly on its own…
+    let drained = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Ok(Some(_)) = stream.chunk().await {}
+    });
+    drained
+        .await
+        .expect("the stream ends within the grace period");
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("the process exits")
+        .unwrap();
+    assert!(status.success(), "{status}");
+
+    // …and what the cut stream used is in the ledger.
+    let usage = fleetgate(&config, &["keys", "usage", &secret[..12], "--json"]);
+    let usage: serde_json::Value = serde_json::from_slice(&usage.stdout).unwrap();
+    let used = usage["used_tokens"].as_u64().unwrap();
+    assert!(
+        (3 + 1..3 + 1000).contains(&used),
+        "charged the prompt and what was relayed: {used}"
+    );
+}

@@ -158,8 +158,14 @@ async fn forward(
         }
     };
     let first_byte = relay::FirstByte { metrics, sent };
-    let mut response =
-        relay::relay(upstream, settlement, request.include_usage(), first_byte).await?;
+    let mut response = relay::relay(
+        upstream,
+        settlement,
+        request.include_usage(),
+        first_byte,
+        state.draining().clone(),
+    )
+    .await?;
     if clamped {
         let source = if plan.default_max_tokens {
             "default"

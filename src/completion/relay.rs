@@ -4,6 +4,7 @@
 //! the last byte is relayed or the client goes away.
 
 use std::future::Future;
+use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::Instant;
@@ -12,8 +13,9 @@ use axum::body::Body;
 use axum::http::header;
 use axum::response::Response;
 use bytes::Bytes;
-use futures_util::Stream;
+use futures_util::{Stream, TryStreamExt};
 use tokio::task::JoinHandle;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::completion::meter::Meter;
 use crate::completion::settle::Settlement;
@@ -33,6 +35,7 @@ pub async fn relay(
     mut settlement: Settlement,
     forward_usage: bool,
     first_byte: FirstByte,
+    draining: CancellationToken,
 ) -> Result<Response, ApiError> {
     if !upstream.status().is_success() {
         first_byte.metrics.outcome(UpstreamOutcome::ErrorStatus);
@@ -61,19 +64,20 @@ pub async fn relay(
     // closes its connection, and vLLM aborts the generation; the settlement charges
     // what was relayed so far.
     let body = Metered {
-        inner: Box::pin(upstream.bytes_stream()),
+        inner: Box::pin(upstream.bytes_stream().map_err(io::Error::other)),
         settlement,
         rest: None,
         settling: None,
         ended: false,
         first_byte: Some(first_byte),
+        draining: Box::pin(draining.cancelled_owned()),
     };
     response
         .body(Body::from_stream(body))
         .map_err(ApiError::internal)
 }
 
-type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+type ByteStream = Pin<Box<dyn Stream<Item = io::Result<Bytes>> + Send>>;
 
 struct Metered {
     inner: ByteStream,
@@ -86,6 +90,8 @@ struct Metered {
     ended: bool,
     /// Observes the time to the first body byte, once.
     first_byte: Option<FirstByte>,
+    /// Resolves when the shutdown grace period is over: the body is cut.
+    draining: Pin<Box<WaitForCancellationFutureOwned>>,
 }
 
 /// The upstream's series and when the request was sent to it, for the time to its
@@ -96,7 +102,7 @@ pub struct FirstByte {
 }
 
 impl Stream for Metered {
-    type Item = reqwest::Result<Bytes>;
+    type Item = io::Result<Bytes>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
@@ -111,6 +117,11 @@ impl Stream for Metered {
             }
             if this.ended {
                 return Poll::Ready(None);
+            }
+            if this.draining.as_mut().poll(cx).is_ready() {
+                this.ended = true;
+                this.settling = this.settlement.settle();
+                return Poll::Ready(Some(Err(io::Error::other("fleetgate is shutting down"))));
             }
             match ready!(this.inner.as_mut().poll_next(cx)) {
                 Some(Ok(chunk)) => {
