@@ -158,6 +158,10 @@ pub struct UpstreamConfig {
     pub url: String,
     /// Label returned in `X-Acs-Upstream-Gpu`.
     pub gpu: String,
+    /// Relative capacity against the model's other upstreams (a node with weight 2 is
+    /// given twice the in-flight requests of one with weight 1).
+    #[serde(default = "default_weight")]
+    pub weight: u32,
 }
 
 fn default_listen() -> SocketAddr {
@@ -177,6 +181,9 @@ fn default_pool_idle_timeout_ms() -> u64 {
 }
 fn default_max_logprobs() -> u32 {
     20
+}
+fn default_weight() -> u32 {
+    1
 }
 fn default_shutdown_grace_ms() -> u64 {
     30_000
@@ -273,6 +280,12 @@ impl Config {
                 ));
             }
             for upstream in &model.upstreams {
+                if upstream.weight == 0 {
+                    return invalid(format!(
+                        "models.upstreams.weight of '{}' must be at least 1",
+                        model.id
+                    ));
+                }
                 let ok = reqwest::Url::parse(&upstream.url)
                     .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.has_host());
                 if !ok {

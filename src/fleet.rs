@@ -1,8 +1,10 @@
 //! The configured models and their vLLM upstreams: which short id exists, which one is
-//! the default, and which upstream serves the next request. What each upstream actually
+//! the default, and which upstream serves the next request (the less loaded of two). What each upstream actually
 //! serves (checkpoint name, context length) is learned from its `/v1/models`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+use rand::Rng;
 use std::sync::{Arc, RwLock};
 
 use crate::config::{Config, ModelConfig, UpstreamConfig};
@@ -18,8 +20,6 @@ pub struct Model {
     pub is_default: bool,
     pub max_logprobs: u32,
     upstreams: Vec<Arc<Upstream>>,
-    /// Round-robin cursor over `upstreams`.
-    next: AtomicUsize,
 }
 
 /// One vLLM server.
@@ -28,7 +28,20 @@ pub struct Upstream {
     pub url: String,
     /// Label returned in `X-Acs-Upstream-Gpu`.
     pub gpu: String,
+    /// Relative capacity: the upstream's load is its in-flight count over its weight.
+    pub weight: u32,
+    /// Requests sent to this upstream and not yet settled.
+    in_flight: AtomicUsize,
     served: RwLock<Option<Arc<Served>>>,
+}
+
+/// Counts a request as in flight on its upstream while it lives.
+pub struct InFlight(Arc<Upstream>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// What an upstream reported about itself in `/v1/models`.
@@ -75,7 +88,6 @@ impl Model {
             is_default: config.default,
             max_logprobs: config.max_logprobs,
             upstreams: config.upstreams.iter().map(Upstream::new).collect(),
-            next: AtomicUsize::new(0),
         }
     }
 
@@ -83,11 +95,19 @@ impl Model {
         &self.upstreams
     }
 
-    /// The upstream for the next request (round robin; load-aware picking comes with
-    /// health tracking).
+    /// The upstream for the next request: the less loaded of two picked at random (power
+    /// of two choices), so load follows each node's speed without every replica
+    /// herding onto the same least-loaded node.
     pub fn pick(&self) -> Arc<Upstream> {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.upstreams.len();
-        Arc::clone(&self.upstreams[i])
+        let n = self.upstreams.len();
+        if n == 1 {
+            return Arc::clone(&self.upstreams[0]);
+        }
+        let mut rng = rand::rng();
+        let a = rng.random_range(0..n);
+        let b = (a + rng.random_range(1..n)) % n;
+        let (a, b) = (&self.upstreams[a], &self.upstreams[b]);
+        Arc::clone(if b.lighter_than(a) { b } else { a })
     }
 
     /// What the first upstream that has answered `/v1/models` serves, if any has.
@@ -101,8 +121,27 @@ impl Upstream {
         Arc::new(Self {
             url: config.url.trim_end_matches('/').to_owned(),
             gpu: config.gpu.clone(),
+            weight: config.weight,
+            in_flight: AtomicUsize::new(0),
             served: RwLock::new(None),
         })
+    }
+
+    /// Counts one more request in flight here until the guard is dropped.
+    pub fn start(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(Arc::clone(self))
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Whether this upstream is less loaded than `other`, weights considered
+    /// (`in_flight / weight`, compared without division).
+    fn lighter_than(&self, other: &Upstream) -> bool {
+        let load = |u: &Upstream, w: u32| u.in_flight() as u128 * u128::from(w);
+        load(self, other.weight) < load(other, self.weight)
     }
 
     pub fn served(&self) -> Option<Arc<Served>> {

@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use crate::admission::KeyLimits;
 use crate::app::AppState;
 use crate::error::ApiError;
-use crate::fleet::{Served, Upstream};
+use crate::fleet::{Model, Served, Upstream};
 use crate::http::auth::Caller;
 use crate::http::body::{read_limited, require_json};
 use crate::http::envelope::RequestId;
@@ -87,14 +87,16 @@ pub async fn create_completion(
     record.set_model(&model.id);
     request.check_logprobs_cap(model.max_logprobs)?;
 
-    let upstream = model.pick();
-    let served = state.upstream().discover(&upstream).await;
-    let tags = upstream_tags(&upstream, served.as_deref().ok());
+    // Any node of the model can say what it serves and count tokens; the node that runs
+    // the request is picked only once it is admitted (see `forward`).
+    let probe = model.pick();
+    let served = state.upstream().discover(&probe).await;
+    let tags = upstream_tags(&probe, served.as_deref().ok());
     let result = match served {
         Ok(served) => {
             let target = Target {
-                model: &model.id,
-                upstream: &upstream,
+                model,
+                probe: &probe,
                 served: &served,
             };
             forward(&state, &caller, &request_id.0, record, &request, target).await
@@ -102,16 +104,20 @@ pub async fn create_completion(
         Err(err) => Err(err.into()),
     };
     let mut response = result.unwrap_or_else(IntoResponse::into_response);
-    response.headers_mut().extend(tags);
+    for (name, value) in tags {
+        // `forward` names the node that ran the request; the probe only stands in when
+        // the request failed before one was picked.
+        response.headers_mut().entry(name).or_insert(value);
+    }
     Ok(response)
 }
 
-/// The upstream chosen for a request and what it serves.
+/// The model a request runs on and what it serves.
 #[derive(Clone, Copy)]
 struct Target<'a> {
-    /// The configured model id.
-    model: &'a str,
-    upstream: &'a Upstream,
+    model: &'a Model,
+    /// The node asked for the model's facts and token counts.
+    probe: &'a Upstream,
     served: &'a Served,
 }
 
@@ -127,7 +133,7 @@ async fn forward(
     let client = state.upstream();
     let plan = Planner {
         client,
-        upstream: target.upstream,
+        upstream: target.probe,
         served: target.served,
     }
     .plan(request)
@@ -146,26 +152,21 @@ async fn forward(
     let clamped = applied < plan.cost.max_tokens;
     let send_max_tokens = (clamped || plan.default_max_tokens).then_some(applied);
     let body = request.upstream_body(&target.served.name, send_max_tokens);
-    let metrics = state.metrics().upstream(target.model, &target.upstream.gpu);
-    settlement.hold_in_flight(metrics.in_flight());
-    let sent = Instant::now();
-    let upstream = match client.send_completion(target.upstream, body.into()).await {
-        Ok(upstream) => upstream,
-        Err(err) => {
-            metrics.outcome(UpstreamOutcome::Unreachable);
-            settlement.release_unused().await;
-            return Err(err.into());
-        }
-    };
-    let first_byte = relay::FirstByte { metrics, sent };
-    let mut response = relay::relay(
-        upstream,
-        settlement,
-        request.include_usage(),
-        first_byte,
-        state.draining().clone(),
-    )
-    .await?;
+    // Picked and counted in flight in one step, so concurrent picks see each other.
+    let upstream = target.model.pick();
+    settlement.hold_in_flight(
+        upstream.start(),
+        state
+            .metrics()
+            .upstream(&target.model.id, &upstream.gpu)
+            .in_flight(),
+    );
+    let sent = send(state, request, &upstream, target, body, settlement).await;
+    let mut response = sent.unwrap_or_else(IntoResponse::into_response);
+    let headers = response.headers_mut();
+    if let Ok(gpu) = HeaderValue::from_str(&upstream.gpu) {
+        headers.insert(X_UPSTREAM_GPU, gpu);
+    }
     if clamped {
         let source = if plan.default_max_tokens {
             "default"
@@ -177,10 +178,44 @@ async fn forward(
             plan.cost.max_tokens
         );
         if let Ok(value) = HeaderValue::from_str(&value) {
-            response.headers_mut().insert(X_MAX_TOKENS_CLAMPED, value);
+            headers.insert(X_MAX_TOKENS_CLAMPED, value);
         }
     }
     Ok(response)
+}
+
+/// Sends the request to the chosen node and relays its answer.
+async fn send(
+    state: &AppState,
+    request: &CompletionRequest<'_>,
+    upstream: &Upstream,
+    target: Target<'_>,
+    body: Vec<u8>,
+    settlement: Settlement,
+) -> Result<Response, ApiError> {
+    let metrics = state.metrics().upstream(&target.model.id, &upstream.gpu);
+    let sent = Instant::now();
+    let response = match state
+        .upstream()
+        .send_completion(upstream, body.into())
+        .await
+    {
+        Ok(response) => response,
+        Err(err) => {
+            metrics.outcome(UpstreamOutcome::Unreachable);
+            settlement.release_unused().await;
+            return Err(err.into());
+        }
+    };
+    let first_byte = relay::FirstByte { metrics, sent };
+    relay::relay(
+        response,
+        settlement,
+        request.include_usage(),
+        first_byte,
+        state.draining().clone(),
+    )
+    .await
 }
 
 /// `X-Acs-Upstream-Model` / `X-Acs-Upstream-Gpu`: which backend served (or failed); the

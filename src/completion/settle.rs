@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::admission::{Grant, Limiter};
 use crate::app::AppState;
 use crate::completion::meter::Meter;
+use crate::fleet::InFlight;
 use crate::http::request_record::RequestRecord;
 use crate::metrics::GaugeGuard;
 use crate::store::UsageRow;
@@ -34,9 +35,10 @@ pub struct Settlement {
     charged: bool,
     /// Counts the request in `fleetgate_admission_running` until settled.
     running: Option<GaugeGuard>,
-    /// Counts the request in `fleetgate_in_flight_requests` from when it is sent
-    /// upstream until settled (the body ended, failed or was dropped).
-    in_flight: Option<GaugeGuard>,
+    /// Counts the request in flight on its upstream (for balancing, and in
+    /// `fleetgate_in_flight_requests`) from when it is sent until settled (the body
+    /// ended, failed or was dropped).
+    in_flight: Option<(InFlight, GaugeGuard)>,
     settled: bool,
 }
 
@@ -84,9 +86,9 @@ impl Settlement {
         &self.grant
     }
 
-    /// Holds the upstream's in-flight count until the request is settled.
-    pub fn hold_in_flight(&mut self, guard: GaugeGuard) {
-        self.in_flight = Some(guard);
+    /// Holds the upstream's in-flight counts until the request is settled.
+    pub fn hold_in_flight(&mut self, load: InFlight, gauge: GaugeGuard) {
+        self.in_flight = Some((load, gauge));
     }
 
     /// The upstream refused or failed before generating: nothing is charged. Returns
