@@ -8,61 +8,13 @@
     reason = "a test fails by panicking"
 )]
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-const FLEETGATE: &str = env!("CARGO_BIN_EXE_fleetgate");
-const MOCK_VLLM: &str = env!("CARGO_BIN_EXE_mock-vllm");
-const STARTUP: Duration = Duration::from_secs(30);
-
-/// A child process that is killed when the test ends, however it ends.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Reads lines from a child's pipe on a thread until `pred` picks one out.
-fn wait_for_line(
-    pipe: impl std::io::Read + Send + 'static,
-    pred: impl Fn(&str) -> Option<String> + Send + 'static,
-) -> String {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-            if let Some(found) = pred(&line) {
-                let _ = tx.send(found);
-            }
-        }
-    });
-    rx.recv_timeout(STARTUP)
-        .expect("the process printed the expected line")
-}
-
-fn start_mock(extra: &[&str]) -> (Proc, String) {
-    let mut child = Command::new(MOCK_VLLM)
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--served-model-name",
-            "meta-llama/Llama-3.1-8B",
-        ])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let url = wait_for_line(stdout, |l| {
-        l.split("listening on ").nth(1).map(|u| u.trim().to_owned())
-    });
-    (Proc(child), url)
-}
+use common::processes::{FLEETGATE, Proc, listening_address, serve, start_mock, wait_for_line};
 
 fn write_config(dir: &Path, upstream: &str) -> std::path::PathBuf {
     let path = dir.join("fleetgate.toml");
@@ -90,23 +42,6 @@ fn fleetgate(config: &Path, args: &[&str]) -> std::process::Output {
         String::from_utf8_lossy(&output.stderr)
     );
     output
-}
-
-fn serve(config: &Path) -> (Proc, String) {
-    let mut child = Command::new(FLEETGATE)
-        .args(["serve", "--config"])
-        .arg(config)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let address = wait_for_line(stderr, |l| {
-        l.contains("fleetgate listening")
-            .then(|| l.split("address=").nth(1))
-            .flatten()
-            .map(|a| a.split_whitespace().next().unwrap_or("").to_owned())
-    });
-    (Proc(child), format!("http://{address}"))
 }
 
 async fn complete(url: &str, key: &str, body: serde_json::Value) -> reqwest::Response {
@@ -156,7 +91,7 @@ async fn keys_cli_and_serve_work_together() {
     assert!(listed.contains("alice") && listed.contains("bob"));
     assert!(!listed.contains(&secret), "list never shows secrets");
 
-    let (_server, url) = serve(&config);
+    let (_server, url) = serve(&config, "fleetgate");
     let body = serde_json::json!({"model": "llama-8b", "prompt": "Hi", "max_tokens": 2});
     let served = complete(&url, &secret, body.clone()).await;
     assert_eq!(served.status(), 200);
@@ -217,7 +152,9 @@ fn the_demo_serves_its_printed_curl_line() {
         .unwrap();
     let stdout = child.stdout.take().unwrap();
     let _demo = Proc(child);
-    let curl = wait_for_line(stdout, |l| l.starts_with("curl ").then(|| l.to_owned()));
+    let curl = wait_for_line(stdout, "demo".into(), |l| {
+        l.starts_with("curl ").then(|| l.to_owned())
+    });
 
     // Run the printed line exactly as a user pasting it would.
     let output = Command::new("sh").arg("-c").arg(&curl).output().unwrap();
@@ -255,7 +192,7 @@ async fn a_full_vocab_body_streams_through_with_bounded_memory() {
         .last()
         .unwrap()
         .to_owned();
-    let (server, url) = serve(&config);
+    let (server, url) = serve(&config, "fleetgate");
 
     // The high-water mark after an ordinary request is the baseline.
     let small = serde_json::json!({"model": "llama-8b", "prompt": [1, 2], "max_tokens": 2});
@@ -307,12 +244,11 @@ async fn sigterm_drains_within_the_grace_period_and_keeps_the_usage() {
         .spawn()
         .unwrap();
     let stderr = child.stderr.take().unwrap().into_owned_fd().unwrap();
-    let address = wait_for_line(std::fs::File::from(stderr), |l| {
-        l.contains("fleetgate listening")
-            .then(|| l.split("address=").nth(1))
-            .flatten()
-            .map(|a| a.split_whitespace().next().unwrap_or("").to_owned())
-    });
+    let address = wait_for_line(
+        std::fs::File::from(stderr),
+        "fleetgate".into(),
+        listening_address,
+    );
     let url = format!("http://{address}");
 
     // A long stream is running when the gateway is told to stop.

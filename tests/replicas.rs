@@ -19,26 +19,24 @@
     reason = "a test fails by panicking"
 )]
 
+mod common;
+
 use std::future::Future;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+use common::processes::{FLEETGATE, Proc, serve, start_mock};
 
 use bytes::Bytes;
 use serde_json::{Value, json};
 use sqlx::{AssertSqlSafe, Connection as _, PgConnection};
 use tokio::time::timeout;
 
-const FLEETGATE: &str = env!("CARGO_BIN_EXE_fleetgate");
-const MOCK_VLLM: &str = env!("CARGO_BIN_EXE_mock-vllm");
 const POSTGRES_URL_VAR: &str = "TEST_POSTGRES_URL";
 const REDIS_URL_VAR: &str = "TEST_REDIS_URL";
 const MODEL: &str = "llama-8b";
 
-/// A started process prints its address within this.
-const STARTUP: Duration = Duration::from_secs(30);
 /// Upper bound for anything that should happen promptly.
 const SOON: Duration = Duration::from_secs(10);
 /// The longest one request may take to be answered while Redis is away.
@@ -49,75 +47,6 @@ const POLL: Duration = Duration::from_millis(20);
 // ---------------------------------------------------------------------------------------
 // Processes
 // ---------------------------------------------------------------------------------------
-
-/// A child process that is killed when the test ends, however it ends.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Reads lines from a child's pipe on a thread (echoing them, tagged, to the test's
-/// captured output) until `pred` picks one out; keeps draining the pipe afterwards.
-fn wait_for_line(
-    pipe: impl std::io::Read + Send + 'static,
-    tag: String,
-    pred: impl Fn(&str) -> Option<String> + Send + 'static,
-) -> String {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-            eprintln!("[{tag}] {line}");
-            if let Some(found) = pred(&line) {
-                let _ = tx.send(found);
-            }
-        }
-    });
-    rx.recv_timeout(STARTUP)
-        .expect("the process printed the expected line")
-}
-
-fn start_mock(extra: &[&str]) -> (Proc, String) {
-    let mut child = Command::new(MOCK_VLLM)
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--served-model-name",
-            "meta-llama/Llama-3.1-8B",
-        ])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let proc = Proc(child);
-    let url = wait_for_line(stdout, "mock-vllm".into(), |l| {
-        l.split("listening on ").nth(1).map(|u| u.trim().to_owned())
-    });
-    (proc, url)
-}
-
-/// `fleetgate serve` on port 0; returns its base URL.
-fn serve(config: &Path, tag: &str) -> (Proc, String) {
-    let mut child = Command::new(FLEETGATE)
-        .args(["serve", "--config"])
-        .arg(config)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let proc = Proc(child);
-    let address = wait_for_line(stderr, tag.to_owned(), |l| {
-        l.contains("fleetgate listening")
-            .then(|| l.split("address=").nth(1))
-            .flatten()
-            .map(|a| a.split_whitespace().next().unwrap_or("").to_owned())
-    });
-    (proc, format!("http://{address}"))
-}
 
 /// Runs a `fleetgate` CLI command against `config`; returns its stdout.
 fn fleetgate(config: &Path, args: &[&str]) -> String {

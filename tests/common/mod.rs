@@ -1,10 +1,13 @@
-//! A real fleetgate on an ephemeral port, in front of an in-process mock-vllm, with a
-//! fresh SQLite store and key per test.
+//! Test harness: a real fleetgate on an ephemeral port, in front of an in-process
+//! mock-vllm, with a fresh SQLite store and key per test; and the real binaries as child
+//! processes (`processes`).
 
 #![allow(
     dead_code,
     reason = "each test binary uses a different part of the harness"
 )]
+
+pub mod processes;
 
 use std::sync::Arc;
 

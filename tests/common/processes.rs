@@ -1,0 +1,86 @@
+//! The real binaries as child processes: started on port 0, their addresses read from
+//! what they print, killed when the test ends however it ends.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+pub const FLEETGATE: &str = env!("CARGO_BIN_EXE_fleetgate");
+pub const MOCK_VLLM: &str = env!("CARGO_BIN_EXE_mock-vllm");
+/// A started process prints its address within this.
+const STARTUP: Duration = Duration::from_secs(30);
+
+/// A child process that is killed when the test ends, however it ends.
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Reads lines from a child's pipe on a thread (echoing them, tagged, to the test's
+/// captured output) until `pred` picks one out; keeps draining the pipe afterwards.
+pub fn wait_for_line(
+    pipe: impl std::io::Read + Send + 'static,
+    tag: String,
+    pred: impl Fn(&str) -> Option<String> + Send + 'static,
+) -> String {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            eprintln!("[{tag}] {line}");
+            if let Some(found) = pred(&line) {
+                let _ = tx.send(found);
+            }
+        }
+    });
+    rx.recv_timeout(STARTUP)
+        .expect("the process printed the expected line")
+}
+
+pub fn start_mock(extra: &[&str]) -> (Proc, String) {
+    let mut child = Command::new(MOCK_VLLM)
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--served-model-name",
+            "meta-llama/Llama-3.1-8B",
+        ])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let proc = Proc(child);
+    let url = wait_for_line(stdout, "mock-vllm".into(), |l| {
+        l.split("listening on ").nth(1).map(|u| u.trim().to_owned())
+    });
+    (proc, url)
+}
+
+/// `fleetgate serve` on port 0; returns its base URL.
+pub fn serve(config: &Path, tag: &str) -> (Proc, String) {
+    let mut child = Command::new(FLEETGATE)
+        .args(["serve", "--config"])
+        .arg(config)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let proc = Proc(child);
+    let address = wait_for_line(stderr, tag.to_owned(), listening_address);
+    (proc, format!("http://{address}"))
+}
+
+/// The address in `fleetgate serve`'s `fleetgate listening … address=…` log line.
+pub fn listening_address(line: &str) -> Option<String> {
+    if !line.contains("fleetgate listening") {
+        return None;
+    }
+    let address = line.split("address=").nth(1)?.split_whitespace().next()?;
+    Some(address.to_owned())
+}
