@@ -311,3 +311,79 @@ async fn sigterm_drains_within_the_grace_period_and_keeps_the_usage() {
         "charged the prompt and what was relayed: {used}"
     );
 }
+
+#[tokio::test]
+async fn json_logs_carry_one_line_per_request_without_prompt_or_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_mock, upstream) = start_mock(&[]);
+    let config = write_config(dir.path(), &upstream);
+    let created = fleetgate(&config, &["keys", "create", "--name", "logs"]);
+    let secret = String::from_utf8(created.stdout)
+        .unwrap()
+        .trim_end()
+        .lines()
+        .last()
+        .unwrap()
+        .to_owned();
+    let mut child = Command::new(FLEETGATE)
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env("FLEETGATE_LOG_FORMAT", "json")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let _server = Proc(child);
+    // Every line, parsed; the reader thread ends with the process.
+    let (tx, lines) = std::sync::mpsc::channel::<(String, serde_json::Value)>();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let json = serde_json::from_str(&line).expect("every log line is JSON");
+            if tx.send((line, json)).is_err() {
+                break;
+            }
+        }
+    });
+    let next_with = |message: &str| loop {
+        let (line, json) = lines
+            .recv_timeout(Duration::from_secs(30))
+            .expect("a log line");
+        assert!(!line.contains(&secret), "a key secret in the log: {line}");
+        assert!(
+            !line.contains("PRIVATE-PROMPT"),
+            "prompt text in the log: {line}"
+        );
+        if json["fields"]["message"] == message {
+            return json;
+        }
+    };
+    let address = next_with("fleetgate listening")["fields"]["address"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let body =
+        serde_json::json!({"model": "llama-8b", "prompt": "PRIVATE-PROMPT here", "max_tokens": 3});
+    let response = complete(&format!("http://{address}"), &secret, body).await;
+    let request_id = response.headers()["x-request-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let completion: serde_json::Value = response.json().await.unwrap();
+    let finished = next_with("request finished");
+    let fields = &finished["fields"];
+    assert_eq!(fields["request_id"], request_id.as_str());
+    assert_eq!(fields["status"], 200);
+    assert_eq!(fields["model"], "llama-8b");
+    assert_eq!(fields["key_prefix"], &secret[..12]);
+    assert_eq!(fields["completion_tokens"], 3);
+    let generated = completion["choices"][0]["text"].as_str().unwrap();
+    assert!(
+        !finished.to_string().contains(generated),
+        "completion text in the log"
+    );
+}

@@ -82,6 +82,7 @@ impl RequestRecord {
                 completion_tokens: open.row.completion_tokens,
                 latency,
             });
+            log_line(&open.row);
             open.log.record(open.row.clone());
         }
     }
@@ -145,6 +146,24 @@ pub async fn record(State(state): State<AppState>, mut request: Request, next: N
     }
     record.release();
     response
+}
+
+/// One log line per API request, with the same metadata as its row (JSON with
+/// `log_format = "json"`): never a key secret, a prompt or a completion.
+fn log_line(row: &RequestLogRow) {
+    tracing::info!(
+        request_id = %row.request_id,
+        endpoint = %row.endpoint,
+        key_prefix = row.key_prefix.as_deref().unwrap_or(""),
+        model = row.model.as_deref().unwrap_or(""),
+        status = row.status,
+        error_code = row.error_code.as_deref().unwrap_or(""),
+        prompt_tokens = row.prompt_tokens.unwrap_or(0),
+        completion_tokens = row.completion_tokens.unwrap_or(0),
+        latency_ms = row.latency_ms,
+        workload = row.workload.as_deref().unwrap_or(""),
+        "request finished"
+    );
 }
 
 fn is_api_path(path: &str) -> bool {
