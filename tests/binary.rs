@@ -29,6 +29,13 @@ fn write_config(dir: &Path, upstream: &str) -> std::path::PathBuf {
     path
 }
 
+/// `fleetgate keys create --name NAME`: the secret, alone on the last line of stdout.
+fn create_key(config: &Path, name: &str) -> String {
+    let created = fleetgate(config, &["keys", "create", "--name", name]);
+    let stdout = String::from_utf8(created.stdout).unwrap();
+    stdout.trim_end().lines().last().unwrap().to_owned()
+}
+
 fn fleetgate(config: &Path, args: &[&str]) -> std::process::Output {
     let output = Command::new(FLEETGATE)
         .args(args)
@@ -208,14 +215,7 @@ async fn a_full_vocab_body_streams_through_with_bounded_memory() {
     let dir = tempfile::tempdir().unwrap();
     let (_mock, upstream) = start_mock(&["--vocab-size", "128256"]);
     let config = write_config(dir.path(), &upstream);
-    let created = fleetgate(&config, &["keys", "create", "--name", "mem"]);
-    let secret = String::from_utf8(created.stdout)
-        .unwrap()
-        .trim_end()
-        .lines()
-        .last()
-        .unwrap()
-        .to_owned();
+    let secret = create_key(&config, "mem");
     let (server, url) = serve(&config, "fleetgate");
 
     // The high-water mark after an ordinary request is the baseline.
@@ -251,14 +251,7 @@ async fn sigterm_drains_within_the_grace_period_and_keeps_the_usage() {
     let dir = tempfile::tempdir().unwrap();
     let (_mock, upstream) = start_mock(&["--token-delay-ms", "50"]);
     let config = write_config(dir.path(), &upstream);
-    let created = fleetgate(&config, &["keys", "create", "--name", "drain"]);
-    let secret = String::from_utf8(created.stdout)
-        .unwrap()
-        .trim_end()
-        .lines()
-        .last()
-        .unwrap()
-        .to_owned();
+    let secret = create_key(&config, "drain");
     let mut child = tokio::process::Command::new(FLEETGATE)
         .args(["serve", "--config"])
         .arg(&config)
@@ -317,14 +310,7 @@ async fn json_logs_carry_one_line_per_request_without_prompt_or_key() {
     let dir = tempfile::tempdir().unwrap();
     let (_mock, upstream) = start_mock(&[]);
     let config = write_config(dir.path(), &upstream);
-    let created = fleetgate(&config, &["keys", "create", "--name", "logs"]);
-    let secret = String::from_utf8(created.stdout)
-        .unwrap()
-        .trim_end()
-        .lines()
-        .last()
-        .unwrap()
-        .to_owned();
+    let secret = create_key(&config, "logs");
     let mut child = Command::new(FLEETGATE)
         .args(["serve", "--config"])
         .arg(&config)
