@@ -335,6 +335,29 @@ impl RedisLimiter {
             .clamp(1, LUA_MAX / 1000)
     }
 
+    /// The arguments both starting scripts (admit, turn) end with: the budget, the cost,
+    /// the lease and where to announce a change.
+    fn start_args(
+        &self,
+        invocation: &mut ScriptInvocation<'_>,
+        k: &Keys,
+        limits: &KeyLimits,
+        cost: &Cost,
+        lease: &Lease,
+        month: Month,
+    ) {
+        invocation
+            .arg(limits.monthly_budget.min(LUA_MAX))
+            .arg(cost.prompt_tokens.min(LUA_MAX))
+            .arg(cost.fan_out.min(LUA_MAX))
+            .arg(cost.max_tokens.min(LUA_MAX))
+            .arg(lease)
+            .arg(month.to_string())
+            .arg(self.ttl_ms())
+            .arg(&self.channel)
+            .arg(&k.id);
+    }
+
     async fn try_turn(
         &self,
         key: i64,
@@ -344,28 +367,16 @@ impl RedisLimiter {
         month: Month,
     ) -> Result<Turn, Denial> {
         let k = self.keys(key);
-        let reply = self
-            .invoke(
-                "wait_turn",
-                self.scripts
-                    .turn
-                    .key(&k.run)
-                    .key(&k.grants)
-                    .key(&k.queue)
-                    .key(&k.qexp)
-                    .key(self.counter_key(key, month))
-                    .arg(limits.max_concurrent)
-                    .arg(limits.monthly_budget.min(LUA_MAX))
-                    .arg(cost.prompt_tokens.min(LUA_MAX))
-                    .arg(cost.fan_out.min(LUA_MAX))
-                    .arg(cost.max_tokens.min(LUA_MAX))
-                    .arg(lease)
-                    .arg(month.to_string())
-                    .arg(self.ttl_ms())
-                    .arg(&self.channel)
-                    .arg(&k.id),
-            )
-            .await?;
+        let mut invocation = self.scripts.turn.prepare_invoke();
+        invocation
+            .key(&k.run)
+            .key(&k.grants)
+            .key(&k.queue)
+            .key(&k.qexp)
+            .key(self.counter_key(key, month))
+            .arg(limits.max_concurrent);
+        self.start_args(&mut invocation, &k, limits, cost, lease, month);
+        let reply = self.invoke("wait_turn", &invocation).await?;
         match code(&reply) {
             WAIT => Ok(Turn::Wait),
             SEED => Ok(Turn::Seed),
@@ -413,31 +424,19 @@ impl Limiter for RedisLimiter {
         let month = Month::now();
         let k = self.keys(key);
         for _ in 0..=MAX_SEEDS {
-            let reply = self
-                .invoke(
-                    "admit",
-                    self.scripts
-                        .admit
-                        .key(&k.rate)
-                        .key(&k.run)
-                        .key(&k.grants)
-                        .key(&k.queue)
-                        .key(&k.qexp)
-                        .key(self.counter_key(key, month))
-                        .arg(limits.requests_per_minute)
-                        .arg(limits.max_concurrent)
-                        .arg(limits.max_queued)
-                        .arg(limits.monthly_budget.min(LUA_MAX))
-                        .arg(cost.prompt_tokens.min(LUA_MAX))
-                        .arg(cost.fan_out.min(LUA_MAX))
-                        .arg(cost.max_tokens.min(LUA_MAX))
-                        .arg(lease)
-                        .arg(month.to_string())
-                        .arg(self.ttl_ms())
-                        .arg(&self.channel)
-                        .arg(&k.id),
-                )
-                .await?;
+            let mut invocation = self.scripts.admit.prepare_invoke();
+            invocation
+                .key(&k.rate)
+                .key(&k.run)
+                .key(&k.grants)
+                .key(&k.queue)
+                .key(&k.qexp)
+                .key(self.counter_key(key, month))
+                .arg(limits.requests_per_minute)
+                .arg(limits.max_concurrent)
+                .arg(limits.max_queued);
+            self.start_args(&mut invocation, &k, limits, cost, lease, month);
+            let reply = self.invoke("admit", &invocation).await?;
             match code(&reply) {
                 SEED => self.seed(key, month).await?,
                 QUEUED => return Ok(Admitted::Queued),
