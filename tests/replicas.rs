@@ -26,14 +26,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::postgres::FreshDatabase;
 use common::processes::{FLEETGATE, Proc, serve, start_mock};
 
 use bytes::Bytes;
 use serde_json::{Value, json};
-use sqlx::{AssertSqlSafe, Connection as _, PgConnection};
 use tokio::time::timeout;
 
-const POSTGRES_URL_VAR: &str = "TEST_POSTGRES_URL";
 const REDIS_URL_VAR: &str = "TEST_REDIS_URL";
 const MODEL: &str = "llama-8b";
 
@@ -155,91 +154,6 @@ impl Drop for RedisServer {
 // Services
 // ---------------------------------------------------------------------------------------
 
-/// A fresh PostgreSQL database `fg_replicas_<uuid>` on the server named by
-/// TEST_POSTGRES_URL; dropped (`WITH (FORCE)`) when this is dropped, also on failure.
-struct PgDatabase {
-    admin_url: String,
-    name: String,
-    url: String,
-}
-
-impl PgDatabase {
-    async fn create() -> Self {
-        let admin_url = std::env::var(POSTGRES_URL_VAR).unwrap_or_else(|_| {
-            panic!(
-                "{POSTGRES_URL_VAR} is not set: the replica tests need a PostgreSQL server to \
-                 create their databases on, e.g. \
-                 {POSTGRES_URL_VAR}=postgres://postgres@127.0.0.1:5432/test"
-            )
-        });
-        let name = format!("fg_replicas_{}", uuid::Uuid::new_v4().simple());
-        let mut admin = PgConnection::connect(&admin_url)
-            .await
-            .unwrap_or_else(|e| panic!("cannot connect to {POSTGRES_URL_VAR}={admin_url}: {e}"));
-        sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&mut admin)
-            .await
-            .unwrap();
-        let database = Self {
-            url: with_database(&admin_url, &name),
-            admin_url,
-            name,
-        };
-        admin.close().await.unwrap();
-        database
-    }
-}
-
-impl Drop for PgDatabase {
-    /// `Drop` cannot await and may run inside the test's runtime, so this works on a
-    /// thread of its own with its own runtime.
-    fn drop(&mut self) {
-        let admin_url = self.admin_url.clone();
-        let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
-        let outcome = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())?;
-            runtime.block_on(async {
-                let mut admin = PgConnection::connect(&admin_url)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                sqlx::raw_sql(AssertSqlSafe(sql))
-                    .execute(&mut admin)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                admin.close().await.map_err(|e| e.to_string())
-            })
-        })
-        .join();
-        // Never panic here: this may run while a failed test is already unwinding.
-        match outcome {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => eprintln!("could not drop test database {}: {e}", self.name),
-            Err(_) => eprintln!("could not drop test database {}: panicked", self.name),
-        }
-    }
-}
-
-/// `url` with its database (the path) replaced by `database`, query string kept.
-fn with_database(url: &str, database: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (url, None),
-    };
-    let authority_start = base.find("://").map_or(0, |i| i + 3);
-    let path_start = base[authority_start..]
-        .find('/')
-        .map_or(base.len(), |i| authority_start + i);
-    let mut out = format!("{}/{database}", &base[..path_start]);
-    if let Some(query) = query {
-        out.push('?');
-        out.push_str(query);
-    }
-    out
-}
-
 /// A Redis key prefix of one test on the server named by TEST_REDIS_URL; every
 /// `{prefix}:*` key is deleted when this is dropped, also on failure.
 struct RedisPrefix {
@@ -296,7 +210,7 @@ struct Cluster {
     config: PathBuf,
     api: Api,
     _redis: RedisPrefix,
-    _database: PgDatabase,
+    _database: FreshDatabase,
     _dir: tempfile::TempDir,
 }
 
@@ -304,7 +218,7 @@ impl Cluster {
     /// `mock_args` go to mock-vllm, `key_limits` to `fleetgate keys create`.
     async fn start(test: &str, mock_args: &[&str], key_limits: &[&str]) -> Self {
         let redis = RedisPrefix::new(test);
-        let database = PgDatabase::create().await;
+        let database = FreshDatabase::create("fg_replicas").await;
         let dir = tempfile::tempdir().unwrap();
         let (mock, upstream) = start_mock(mock_args);
         let config = write_config(

@@ -7,17 +7,19 @@
 //! `TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test cargo test --test store -- --include-ignored`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use common::postgres::{FreshDatabase, with_database};
 use fleetgate::keys::{self, NewKey};
 use fleetgate::request_log::{RequestLog, RequestLogConfig, RequestLogStats};
 use fleetgate::store::{
     self, KeyRecord, LimitOverrides, LimitUpdate, RequestLogRow, SqliteStore, Store, StoreError,
     UsageRow,
 };
-use sqlx::{AssertSqlSafe, Connection as _, PgConnection};
 
 /// No overrides: every limit is the configured default.
 const DEFAULTS: &LimitOverrides = &LimitOverrides {
@@ -27,8 +29,6 @@ const DEFAULTS: &LimitOverrides = &LimitOverrides {
     max_queued: None,
 };
 
-const POSTGRES_URL_VAR: &str = "TEST_POSTGRES_URL";
-
 // ---------------------------------------------------------------------------------------
 // Fixtures
 // ---------------------------------------------------------------------------------------
@@ -37,7 +37,7 @@ const POSTGRES_URL_VAR: &str = "TEST_POSTGRES_URL";
 struct TestDb {
     url: String,
     _dir: Option<tempfile::TempDir>,
-    _database: Option<PgDropGuard>,
+    _database: Option<FreshDatabase>,
 }
 
 impl TestDb {
@@ -54,86 +54,17 @@ impl TestDb {
 
     /// A new database `fg_test_<uuid>` on the server named by TEST_POSTGRES_URL.
     async fn postgres() -> Self {
-        let admin_url = std::env::var(POSTGRES_URL_VAR).unwrap_or_else(|_| {
-            panic!(
-                "{POSTGRES_URL_VAR} is not set: the PostgreSQL tests need a server to create \
-                 their databases on, e.g. {POSTGRES_URL_VAR}=postgres://postgres@127.0.0.1:5432/test"
-            )
-        });
-        let name = format!("fg_test_{}", uuid::Uuid::new_v4().simple());
-        let mut admin = PgConnection::connect(&admin_url)
-            .await
-            .unwrap_or_else(|e| panic!("cannot connect to {POSTGRES_URL_VAR}: {e}"));
-        sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&mut admin)
-            .await
-            .unwrap();
-        admin.close().await.unwrap();
+        let database = FreshDatabase::create("fg_test").await;
         Self {
-            url: with_database(&admin_url, &name),
+            url: database.url.clone(),
             _dir: None,
-            _database: Some(PgDropGuard { admin_url, name }),
+            _database: Some(database),
         }
     }
 
     async fn store(&self) -> Arc<dyn Store> {
         store::connect(&self.url).await.unwrap()
     }
-}
-
-/// Drops the test database. `Drop` cannot await and may run inside the test's runtime,
-/// so it works on a thread of its own with its own runtime.
-struct PgDropGuard {
-    admin_url: String,
-    name: String,
-}
-
-impl Drop for PgDropGuard {
-    fn drop(&mut self) {
-        let admin_url = self.admin_url.clone();
-        let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
-        let outcome = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())?;
-            runtime.block_on(async {
-                let mut admin = PgConnection::connect(&admin_url)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                sqlx::raw_sql(AssertSqlSafe(sql))
-                    .execute(&mut admin)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                admin.close().await.map_err(|e| e.to_string())
-            })
-        })
-        .join();
-        // Never panic here: this may run while a failed test is already unwinding.
-        match outcome {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => eprintln!("could not drop test database {}: {e}", self.name),
-            Err(_) => eprintln!("could not drop test database {}: panicked", self.name),
-        }
-    }
-}
-
-/// `url` with its database (the path) replaced by `database`, query string kept.
-fn with_database(url: &str, database: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (url, None),
-    };
-    let authority_start = base.find("://").map_or(0, |i| i + 3);
-    let path_start = base[authority_start..]
-        .find('/')
-        .map_or(base.len(), |i| authority_start + i);
-    let mut out = format!("{}/{database}", &base[..path_start]);
-    if let Some(query) = query {
-        out.push('?');
-        out.push_str(query);
-    }
-    out
 }
 
 /// Instantiates each test for both backends: `store` tests get a connected store,

@@ -1,12 +1,13 @@
 //! Test harness: a real fleetgate on an ephemeral port, in front of an in-process
 //! mock-vllm, with a fresh SQLite store and key per test; and the real binaries as child
-//! processes (`processes`).
+//! processes (`processes`); fresh PostgreSQL databases (`postgres`).
 
 #![allow(
     dead_code,
     reason = "each test binary uses a different part of the harness"
 )]
 
+pub mod postgres;
 pub mod processes;
 
 use std::sync::Arc;
