@@ -106,10 +106,11 @@ impl AppState {
     }
 
     /// Learns what every upstream serves, so the first requests need not wait for it.
-    /// Failures are logged and retried lazily by the request path.
+    /// A node that does not answer starts ejected; the prober re-admits it once it does.
     pub async fn discover_upstreams(&self) {
         let all = self.fleet().upstreams().map(|upstream| async move {
             if let Err(err) = self.upstream().discover(upstream).await {
+                upstream.health.request_failed();
                 tracing::warn!(upstream = %upstream.url, error = %err, "upstream not ready yet");
             }
         });

@@ -38,6 +38,9 @@ pub struct Config {
     pub log_format: LogFormat,
     #[serde(default)]
     pub upstream: UpstreamSettings,
+    /// Health probing, ejection, the fleet queue and the request window.
+    #[serde(default)]
+    pub fleet: FleetSettings,
     /// Default per-key limits; a key may override each of them.
     #[serde(default)]
     pub limits: LimitDefaults,
@@ -136,6 +139,53 @@ impl Default for UpstreamSettings {
     }
 }
 
+/// How fleetgate watches its nodes and waits for them.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetSettings {
+    /// How often every node's `/health` and `/v1/models` are probed.
+    #[serde(default = "default_probe_interval_ms")]
+    pub probe_interval_ms: u64,
+    /// A probe not answered within this counts as a failure.
+    #[serde(default = "default_probe_timeout_ms")]
+    pub probe_timeout_ms: u64,
+    /// A failed node is ejected for this long, doubling with each failure in a row up
+    /// to `eject_max_ms`; after that a successful probe re-admits it.
+    #[serde(default = "default_eject_base_ms")]
+    pub eject_base_ms: u64,
+    #[serde(default = "default_eject_max_ms")]
+    pub eject_max_ms: u64,
+    /// Requests per model that may wait for a node below its `max_in_flight`; more
+    /// get 503 at once.
+    #[serde(default = "default_queue_size")]
+    pub queue_size: u32,
+    /// The longest a request waits in that queue before 503.
+    #[serde(default = "default_queue_timeout_ms")]
+    pub queue_timeout_ms: u64,
+    /// How long a non-streaming request may take upstream before 504
+    /// `upstream_deadline`; omitted `max_tokens` are cut to what fits in it.
+    #[serde(default = "default_request_window_ms")]
+    pub request_window_ms: u64,
+    /// During a cold boot, how often a keep-alive byte is sent to the waiting client.
+    #[serde(default = "default_keepalive_interval_ms")]
+    pub keepalive_interval_ms: u64,
+}
+
+impl Default for FleetSettings {
+    fn default() -> Self {
+        Self {
+            probe_interval_ms: default_probe_interval_ms(),
+            probe_timeout_ms: default_probe_timeout_ms(),
+            eject_base_ms: default_eject_base_ms(),
+            eject_max_ms: default_eject_max_ms(),
+            queue_size: default_queue_size(),
+            queue_timeout_ms: default_queue_timeout_ms(),
+            request_window_ms: default_request_window_ms(),
+            keepalive_interval_ms: default_keepalive_interval_ms(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
@@ -148,6 +198,27 @@ pub struct ModelConfig {
     /// Keep it at or below the server's `--max-logprobs`.
     #[serde(default = "default_max_logprobs")]
     pub max_logprobs: u32,
+    /// Tokens one sequence decodes per second, at worst: with `fleet.request_window_ms`
+    /// it decides how many tokens a non-streaming request can get in time.
+    #[serde(default = "default_decode_tokens_per_second")]
+    pub decode_tokens_per_second: f64,
+    /// Scale to zero: called (`POST`) when no node of the model is up; a 2xx answer
+    /// confirms that a boot has started.
+    #[serde(default)]
+    pub wake_url: Option<String>,
+    /// How long a woken model may take to come up before waiting requests fail.
+    #[serde(default = "default_boot_timeout_ms")]
+    pub boot_timeout_ms: u64,
+    /// Called (`POST`) to put the model to sleep once it is idle (see `keep_warm_ms`).
+    #[serde(default)]
+    pub sleep_url: Option<String>,
+    /// With `sleep_url`: the model sleeps once nothing has run on it for
+    /// `idle_sleep_ms` and no `X-Acs-Workload: interactive` request came for
+    /// `keep_warm_ms`.
+    #[serde(default = "default_keep_warm_ms")]
+    pub keep_warm_ms: u64,
+    #[serde(default = "default_idle_sleep_ms")]
+    pub idle_sleep_ms: u64,
     pub upstreams: Vec<UpstreamConfig>,
 }
 
@@ -162,6 +233,10 @@ pub struct UpstreamConfig {
     /// given twice the in-flight requests of one with weight 1).
     #[serde(default = "default_weight")]
     pub weight: u32,
+    /// Most requests sent to this node at once; beyond it requests wait in the fleet
+    /// queue. Unlimited by default: vLLM queues well by itself.
+    #[serde(default)]
+    pub max_in_flight: Option<u32>,
 }
 
 fn default_listen() -> SocketAddr {
@@ -184,6 +259,43 @@ fn default_max_logprobs() -> u32 {
 }
 fn default_weight() -> u32 {
     1
+}
+fn default_probe_interval_ms() -> u64 {
+    2_000
+}
+fn default_probe_timeout_ms() -> u64 {
+    5_000
+}
+fn default_eject_base_ms() -> u64 {
+    1_000
+}
+fn default_eject_max_ms() -> u64 {
+    30_000
+}
+fn default_queue_size() -> u32 {
+    256
+}
+fn default_queue_timeout_ms() -> u64 {
+    30_000
+}
+fn default_request_window_ms() -> u64 {
+    600_000
+}
+fn default_keepalive_interval_ms() -> u64 {
+    10_000
+}
+/// 26 tokens/s over the default 600 s window: ~15,600 tokens.
+fn default_decode_tokens_per_second() -> f64 {
+    26.0
+}
+fn default_boot_timeout_ms() -> u64 {
+    600_000
+}
+fn default_keep_warm_ms() -> u64 {
+    30 * 60_000
+}
+fn default_idle_sleep_ms() -> u64 {
+    5 * 60_000
 }
 fn default_shutdown_grace_ms() -> u64 {
     30_000
@@ -279,22 +391,61 @@ impl Config {
                     model.id
                 ));
             }
+            if !(model.decode_tokens_per_second.is_finite() && model.decode_tokens_per_second > 0.0)
+            {
+                return invalid(format!(
+                    "models.decode_tokens_per_second of '{}' must be above 0",
+                    model.id
+                ));
+            }
+            if model.sleep_url.is_some() && model.wake_url.is_none() {
+                return invalid(format!(
+                    "model '{}' has a sleep_url but no wake_url to wake it again",
+                    model.id
+                ));
+            }
+            for hook in [&model.wake_url, &model.sleep_url].into_iter().flatten() {
+                if !is_http_url(hook) {
+                    return invalid(format!(
+                        "models.wake_url/sleep_url of '{}' must be an http(s) URL (got '{hook}')",
+                        model.id
+                    ));
+                }
+            }
             for upstream in &model.upstreams {
+                if upstream.max_in_flight == Some(0) {
+                    return invalid(format!(
+                        "models.upstreams.max_in_flight of '{}' must be at least 1",
+                        model.id
+                    ));
+                }
                 if upstream.weight == 0 {
                     return invalid(format!(
                         "models.upstreams.weight of '{}' must be at least 1",
                         model.id
                     ));
                 }
-                let ok = reqwest::Url::parse(&upstream.url)
-                    .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.has_host());
-                if !ok {
+                if !is_http_url(&upstream.url) {
                     return invalid(format!(
                         "models.upstreams.url of '{}' must be an http(s) URL (got '{}')",
                         model.id, upstream.url
                     ));
                 }
             }
+        }
+        let fleet = &self.fleet;
+        if fleet.probe_interval_ms == 0
+            || fleet.probe_timeout_ms == 0
+            || fleet.eject_base_ms == 0
+            || fleet.request_window_ms == 0
+            || fleet.keepalive_interval_ms == 0
+        {
+            return invalid(
+                "fleet.probe_interval_ms, probe_timeout_ms, eject_base_ms, request_window_ms and keepalive_interval_ms must be at least 1".into(),
+            );
+        }
+        if fleet.eject_max_ms < fleet.eject_base_ms {
+            return invalid("fleet.eject_max_ms must be at least fleet.eject_base_ms".into());
         }
         let defaults = self.models.iter().filter(|m| m.default).count();
         // A single model is the default whether or not it says so.
@@ -310,4 +461,8 @@ impl Config {
     pub fn default_model_index(&self) -> usize {
         self.models.iter().position(|m| m.default).unwrap_or(0)
     }
+}
+
+fn is_http_url(url: &str) -> bool {
+    reqwest::Url::parse(url).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.has_host())
 }

@@ -77,6 +77,22 @@ pub enum ApiError {
         /// Until the budget resets.
         retry_after: Duration,
     },
+    /// A non-streaming request asked for more tokens than can be generated within the
+    /// request window.
+    #[error(
+        "max_tokens={max_tokens} cannot finish within the {window_secs} s window of a non-streaming request (about {fit} tokens fit at this model's decode rate). Send stream=true to generate up to the full max_tokens, or lower max_tokens."
+    )]
+    DeadlineInfeasible {
+        max_tokens: u64,
+        fit: u64,
+        window_secs: u64,
+    },
+    /// The upstream did not answer a non-streaming request within the window; the
+    /// generation was aborted.
+    #[error(
+        "The model server did not finish within the {window_secs} s window of a non-streaming request, so the generation was stopped. Send stream=true for long generations, or lower max_tokens."
+    )]
+    UpstreamDeadline { window_secs: u64 },
     /// The shared admission counters cannot be reached; requests are refused rather
     /// than run unmetered.
     #[error("Admission control is unavailable right now, so no request can start. Retry shortly.")]
@@ -120,7 +136,8 @@ impl ApiError {
             Self::InvalidRequest { .. }
             | Self::ModelNotFound(_)
             | Self::ChatCompletionsUnsupported
-            | Self::FullVocabPromptTooLong { .. } => StatusCode::BAD_REQUEST,
+            | Self::FullVocabPromptTooLong { .. }
+            | Self::DeadlineInfeasible { .. } => StatusCode::BAD_REQUEST,
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             Self::NotFound { .. } | Self::KeyNotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
@@ -131,6 +148,7 @@ impl ApiError {
             }
             Self::AdmissionUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::UpstreamUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::UpstreamDeadline { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -149,6 +167,8 @@ impl ApiError {
             Self::PayloadTooLarge { .. } => "request_too_large",
             Self::UpstreamRejected { kind, .. } => kind,
             Self::UpstreamUnavailable(_) => "upstream_unavailable",
+            Self::DeadlineInfeasible { .. } => "deadline_infeasible",
+            Self::UpstreamDeadline { .. } => "upstream_deadline",
             Self::RateLimited { .. } => "rate_limited",
             Self::QueueFull { .. } => "queue_full",
             Self::BudgetExceeded { .. } => "budget_exceeded",
@@ -167,11 +187,13 @@ impl ApiError {
         }
     }
 
-    fn body(&self) -> ErrorBody {
+    /// The `error` object of the envelope.
+    pub fn body(&self) -> ErrorBody {
         let param = match self {
             Self::InvalidRequest { param, .. } => param.clone(),
             Self::ModelNotFound(_) => Some("model".into()),
             Self::FullVocabPromptTooLong { .. } => Some("prompt_logprobs".into()),
+            Self::DeadlineInfeasible { .. } => Some("max_tokens".into()),
             _ => None,
         };
         ErrorBody {
@@ -198,8 +220,16 @@ impl IntoResponse for ApiError {
         let mut response = self.status().into_response();
         let headers = response.headers_mut();
         match &self {
-            Self::PayloadTooLarge { .. } => {
+            Self::PayloadTooLarge { .. } | Self::DeadlineInfeasible { .. } => {
                 headers.insert(X_SHOULD_RETRY, HeaderValue::from_static("false"));
+            }
+            Self::UpstreamDeadline { .. } => {
+                // The same request would time out again: no Retry-After.
+                headers.insert(X_SHOULD_RETRY, HeaderValue::from_static("false"));
+                headers.insert(
+                    X_UPSTREAM_ERROR_KIND,
+                    HeaderValue::from_static("upstream_deadline"),
+                );
             }
             Self::UpstreamRejected { kind, status, .. } => {
                 headers.insert(X_UPSTREAM_ERROR_KIND, HeaderValue::from_static(kind));

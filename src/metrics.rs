@@ -66,8 +66,10 @@ pub enum UpstreamOutcome {
     Ok,
     /// The upstream answered with an error status.
     ErrorStatus,
-    /// No answer: connection refused, reset or timed out.
+    /// No answer: connection refused or reset, or the node was found dead.
     Unreachable,
+    /// A non-streaming request overran the request window.
+    Deadline,
 }
 
 impl UpstreamOutcome {
@@ -76,6 +78,7 @@ impl UpstreamOutcome {
             Self::Ok => "ok",
             Self::ErrorStatus => "error_status",
             Self::Unreachable => "unreachable",
+            Self::Deadline => "deadline",
         }
     }
 }
@@ -115,6 +118,10 @@ struct Inner {
     upstream_ttfb: HistogramFamily<UpstreamLabels>,
     upstream_requests: Family<OutcomeLabels, Counter>,
     in_flight: Family<UpstreamLabels, Gauge>,
+    upstream_duration: HistogramFamily<UpstreamLabels>,
+    upstream_up: Family<UpstreamLabels, Gauge>,
+    upstream_ejections: Family<UpstreamLabels, Counter>,
+    fleet_queued: Family<ModelLabels, Gauge>,
     admission_running: Gauge,
     admission_queued: Gauge,
     admission_refusals: Family<ReasonLabels, Counter>,
@@ -170,7 +177,7 @@ impl Metrics {
         let upstream_requests = Family::<OutcomeLabels, Counter>::default();
         registry.register(
             "upstream_requests",
-            "Completions forwarded to an upstream, by outcome: ok, error_status (it answered an error status) or unreachable (no answer)",
+            "Completions forwarded to an upstream, by outcome: ok, error_status (it answered an error status), unreachable (no answer) or deadline (a non-streaming request overran the request window)",
             upstream_requests.clone(),
         );
         let in_flight = Family::<UpstreamLabels, Gauge>::default();
@@ -178,6 +185,31 @@ impl Metrics {
             "in_flight_requests",
             "Completions forwarded to an upstream whose response body has not ended yet",
             in_flight.clone(),
+        );
+        let upstream_duration: HistogramFamily<UpstreamLabels> =
+            Family::new_with_constructor(duration_histogram);
+        registry.register(
+            "upstream_duration_seconds",
+            "Time from sending a completion to the upstream until the end of its successful response body",
+            upstream_duration.clone(),
+        );
+        let upstream_up = Family::<UpstreamLabels, Gauge>::default();
+        registry.register(
+            "upstream_up",
+            "1 while the node takes requests, 0 while it is ejected (failed requests or probes) or its model sleeps",
+            upstream_up.clone(),
+        );
+        let upstream_ejections = Family::<UpstreamLabels, Counter>::default();
+        registry.register(
+            "upstream_ejections",
+            "Times the node was taken out of rotation after a failed request or probe",
+            upstream_ejections.clone(),
+        );
+        let fleet_queued = Family::<ModelLabels, Gauge>::default();
+        registry.register(
+            "fleet_queued",
+            "Admitted requests waiting for a node of the model below its max_in_flight",
+            fleet_queued.clone(),
         );
         let admission_running = Gauge::default();
         registry.register(
@@ -202,6 +234,7 @@ impl Metrics {
             for upstream in model.upstreams() {
                 let labels = UpstreamLabels::new(&model.id, &upstream.gpu);
                 let _ = in_flight.get_or_create(&labels);
+                let _ = upstream_ejections.get_or_create(&labels);
             }
         }
         Self(Arc::new(Inner {
@@ -213,10 +246,35 @@ impl Metrics {
             upstream_ttfb,
             upstream_requests,
             in_flight,
+            upstream_duration,
+            upstream_up,
+            upstream_ejections,
+            fleet_queued,
             admission_running,
             admission_queued,
             admission_refusals,
         }))
+    }
+
+    /// Reads the fleet's state into its gauges (node health, queue depths); called at
+    /// each scrape, so the gauges are never stale.
+    pub fn observe_fleet(&self, fleet: &Fleet) {
+        for model in fleet.models() {
+            self.0
+                .fleet_queued
+                .get_or_create(&ModelLabels {
+                    model: model.id.clone(),
+                })
+                .set(i64::from(model.queued()));
+            let asleep = model.sleep.is_asleep();
+            for upstream in model.upstreams() {
+                let up = !asleep && upstream.health.is_up();
+                self.0
+                    .upstream_up
+                    .get_or_create(&UpstreamLabels::new(&model.id, &upstream.gpu))
+                    .set(i64::from(up));
+            }
+        }
     }
 
     /// The registry in the Prometheus text format.
@@ -334,6 +392,24 @@ impl UpstreamMetrics {
             .get_or_create(&self.labels)
             .observe(sent.elapsed().as_secs_f64());
     }
+
+    /// The successful response body ended; `sent`: when the request was sent.
+    pub fn finished(&self, sent: Instant) {
+        self.metrics
+            .0
+            .upstream_duration
+            .get_or_create(&self.labels)
+            .observe(sent.elapsed().as_secs_f64());
+    }
+
+    /// The node was taken out of rotation.
+    pub fn ejected(&self) {
+        self.metrics
+            .0
+            .upstream_ejections
+            .get_or_create(&self.labels)
+            .inc();
+    }
 }
 
 /// Increments a gauge now and decrements it when dropped.
@@ -355,6 +431,7 @@ impl Drop for GaugeGuard {
 
 /// `GET /metrics`.
 pub async fn scrape(State(state): State<AppState>) -> Response {
+    state.metrics().observe_fleet(state.fleet());
     match state.metrics().encode() {
         Ok(text) => (
             [(header::CONTENT_TYPE, prometheus_text::CONTENT_TYPE)],

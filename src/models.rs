@@ -61,9 +61,10 @@ pub async fn list_models(State(state): State<AppState>) -> Json<ModelList> {
 
 async fn card(state: &AppState, model: &Model) -> ModelCard {
     // A model whose servers have not answered yet gets one attempt now.
-    let served = match model.served() {
-        Some(served) => Some(served),
-        None => state.upstream().discover(&model.pick()).await.ok(),
+    let served = match (model.served(), model.any_up()) {
+        (Some(served), _) => Some(served),
+        (None, Some(node)) => state.upstream().discover(&node).await.ok(),
+        (None, None) => None,
     };
     ModelCard {
         id: model.id.clone(),

@@ -63,6 +63,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     state.discover_upstreams().await;
+    let prober = tokio::spawn(crate::fleet::prober::run(state.clone()));
     let grace = Duration::from_millis(state.config().shutdown_grace_ms);
     let tasks = state.tasks().clone();
     let draining = state.draining().clone();
@@ -106,6 +107,7 @@ pub async fn serve(
             let _ = tokio::time::timeout(DRAIN_CUT_WAIT, &mut server).await;
         }
     }
+    prober.abort();
     // Settlements of the last requests (ledger rows, released slots).
     tasks.close();
     tasks.wait().await;

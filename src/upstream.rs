@@ -73,14 +73,65 @@ impl UpstreamClient {
         Ok(Self { http })
     }
 
-    /// Asks the upstream what it serves and remembers the answer.
+    /// What the upstream serves: remembered, or asked.
     pub async fn discover(
         &self,
         upstream: &Upstream,
     ) -> Result<std::sync::Arc<Served>, UpstreamError> {
-        if let Some(served) = upstream.served() {
-            return Ok(served);
+        match upstream.served() {
+            Some(served) => Ok(served),
+            None => self.fetch_served(upstream).await,
         }
+    }
+
+    /// `GET /health`: a 2xx means the engine is alive.
+    pub async fn health(&self, upstream: &Upstream) -> Result<(), UpstreamError> {
+        let response = self
+            .http
+            .get(format!("{}/health", upstream.url))
+            .send()
+            .await
+            .map_err(|source| UpstreamError::Unreachable {
+                url: upstream.url.clone(),
+                source,
+            })?;
+        if response.status().is_success() {
+            Ok(())
+        } else {
+            Err(UpstreamError::Unexpected {
+                url: upstream.url.clone(),
+                what: format!("{} on GET /health", response.status()),
+            })
+        }
+    }
+
+    /// `POST` to a model's wake or sleep hook; `Ok` on a 2xx answer.
+    pub async fn call_hook(&self, url: &str, timeout: Duration) -> Result<(), UpstreamError> {
+        let response = self
+            .http
+            .post(url)
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|source| UpstreamError::Unreachable {
+                url: url.to_owned(),
+                source,
+            })?;
+        if response.status().is_success() {
+            Ok(())
+        } else {
+            Err(UpstreamError::Unexpected {
+                url: url.to_owned(),
+                what: format!("{} to the hook", response.status()),
+            })
+        }
+    }
+
+    /// Asks the upstream what it serves (`GET /v1/models`) and remembers the answer.
+    pub async fn fetch_served(
+        &self,
+        upstream: &Upstream,
+    ) -> Result<std::sync::Arc<Served>, UpstreamError> {
         let url = format!("{}/v1/models", upstream.url);
         let response =
             self.http

@@ -277,7 +277,12 @@ async fn the_rate_limit_trips_at_the_configured_rate_not_before() {
 
 #[tokio::test]
 async fn slots_come_back_after_an_upstream_failure_and_cost_nothing() {
-    let gw = Gateway::start().await;
+    // No probes: this test is about slots, not about when the node is re-admitted.
+    let gw = Gateway::start_with(
+        MockConfig::default(),
+        "[fleet]\nprobe_interval_ms = 3600000",
+    )
+    .await;
     let (key_id, key) = gw
         .create_key(LimitOverrides {
             max_concurrent: Some(1),

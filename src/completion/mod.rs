@@ -2,30 +2,34 @@
 
 pub mod admit;
 pub mod chat;
+pub mod cold;
+pub mod dispatch;
 pub mod meter;
 pub mod plan;
 pub mod relay;
 pub mod request;
 pub mod settle;
 
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Extension;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 
 use crate::admission::KeyLimits;
 use crate::app::AppState;
 use crate::error::ApiError;
-use crate::fleet::{Model, Served, Upstream};
+use crate::fleet::{Model, NoNode, Served, Upstream};
 use crate::http::auth::Caller;
 use crate::http::body::{read_limited, require_json};
 use crate::http::envelope::RequestId;
-use crate::http::request_record::RequestRecord;
-use crate::metrics::UpstreamOutcome;
-use plan::Planner;
+use crate::http::request_record::{RequestRecord, workload};
+use dispatch::{Dispatched, Window};
+use plan::{DeadlineFit, Plan, PlanError, Planner};
 use request::CompletionRequest;
 use settle::Settlement;
 
@@ -86,61 +90,120 @@ pub async fn create_completion(
     let model = state.fleet().resolve(request.model())?;
     record.set_model(&model.id);
     request.check_logprobs_cap(model.max_logprobs)?;
+    model.sleep.touch(workload(&headers) == Some("interactive"));
 
-    // Any node of the model can say what it serves and count tokens; the node that runs
-    // the request is picked only once it is admitted (see `forward`).
-    let probe = model.pick();
-    let served = state.upstream().discover(&probe).await;
-    let tags = upstream_tags(&probe, served.as_deref().ok());
-    let result = match served {
-        Ok(served) => {
-            let target = Target {
-                model,
-                probe: &probe,
-                served: &served,
-            };
-            forward(&state, &caller, &request_id.0, record, &request, target).await
-        }
-        Err(err) => Err(err.into()),
-    };
+    let facts = Facts::learn(&state, model).await?;
+    let tags = upstream_tags(facts.node.as_deref(), Some(&facts.served));
+    let result = forward(
+        &state,
+        &caller,
+        &request_id.0,
+        record,
+        &request,
+        model,
+        facts,
+    )
+    .await;
     let mut response = result.unwrap_or_else(IntoResponse::into_response);
     for (name, value) in tags {
-        // `forward` names the node that ran the request; the probe only stands in when
-        // the request failed before one was picked.
+        // `forward` names the node that ran the request; the one asked for the model's
+        // facts only stands in when the request failed before one was picked.
         response.headers_mut().entry(name).or_insert(value);
     }
     Ok(response)
 }
 
-/// The model a request runs on and what it serves.
-#[derive(Clone, Copy)]
-struct Target<'a> {
-    model: &'a Model,
-    /// The node asked for the model's facts and token counts.
-    probe: &'a Upstream,
-    served: &'a Served,
+/// What a model serves, and a node that is up to count tokens with (none while the
+/// model boots).
+struct Facts {
+    node: Option<Arc<Upstream>>,
+    served: Arc<Served>,
 }
 
-/// plan → admit → forward → relay.
+impl Facts {
+    /// Asks a node that is up (any node of the model can say what it serves and count
+    /// tokens; the node that runs the request is picked once it is admitted). When none
+    /// is up, a model with a wake hook is woken: if the model's checkpoint is known
+    /// from before, planning goes on without a node; if not, the request waits for the
+    /// boot here, before anything is sent to the client.
+    async fn learn(state: &AppState, model: &Model) -> Result<Self, ApiError> {
+        if let Some(facts) = Self::ask_nodes(state, model).await? {
+            return Ok(facts);
+        }
+        if !model.sleep.can_wake() {
+            return Err(NoNode::NoneUp.into_error(&model.id));
+        }
+        model.wake(state.upstream()).await?;
+        if let Some(served) = model.served() {
+            return Ok(Self { node: None, served });
+        }
+        Self::after_boot(state, model).await
+    }
+
+    /// Waits for the boot of a woken model, then asks one of its nodes.
+    async fn after_boot(state: &AppState, model: &Model) -> Result<Self, ApiError> {
+        cold::wait_booted(model).await?;
+        Self::ask_nodes(state, model)
+            .await?
+            .ok_or_else(|| NoNode::NoneUp.into_error(&model.id))
+    }
+
+    /// `Ok(None)` when no node is up; a node that fails to answer is ejected and the
+    /// next one asked.
+    async fn ask_nodes(state: &AppState, model: &Model) -> Result<Option<Self>, ApiError> {
+        let mut last_error = None;
+        for _ in 0..model.upstreams().len() {
+            let Some(node) = model.any_up() else { break };
+            match state.upstream().discover(&node).await {
+                Ok(served) => {
+                    return Ok(Some(Self {
+                        node: Some(node),
+                        served,
+                    }));
+                }
+                Err(err) => {
+                    dispatch::eject(state, model, &node);
+                    last_error = Some(err);
+                }
+            }
+        }
+        match last_error {
+            Some(err) if !model.sleep.can_wake() => Err(err.into()),
+            _ => Ok(None),
+        }
+    }
+}
+
+/// plan → admit → dispatch → relay.
 async fn forward(
     state: &AppState,
     caller: &Caller,
     request_id: &str,
     record: RequestRecord,
     request: &CompletionRequest<'_>,
-    target: Target<'_>,
+    model: &Model,
+    mut facts: Facts,
 ) -> Result<Response, ApiError> {
-    let client = state.upstream();
-    let plan = Planner {
-        client,
-        upstream: target.probe,
-        served: target.served,
-    }
-    .plan(request)
-    .await?;
+    let window =
+        (!request.stream()).then(|| Duration::from_millis(state.config().fleet.request_window_ms));
+    let plan = loop {
+        let planner = Planner {
+            client: state.upstream(),
+            upstream: facts.node.as_deref(),
+            served: &facts.served,
+            deadline: window.map(|w| DeadlineFit::new(w, model.decode_tokens_per_second)),
+        };
+        match planner.plan(request).await {
+            Ok(plan) => break plan,
+            Err(PlanError::Refused(err)) => return Err(err),
+            // Counting needs the booting model's tokenizer: nothing has been sent to
+            // the client yet, so wait for the boot here.
+            Err(PlanError::NoNodeToCount) => facts = Facts::after_boot(state, model).await?,
+        }
+    };
     let limits = KeyLimits::resolve(&state.config().limits, &caller.limits);
     let grant = admit::admit(state, caller.key_id, &limits, &plan.cost, request_id).await?;
-    let mut settlement = Settlement::new(
+    let settlement = Settlement::new(
         state.clone(),
         caller.key_id,
         request_id.to_owned(),
@@ -149,83 +212,123 @@ async fn forward(
         record,
     );
     let applied = settlement.grant().max_tokens;
-    let clamped = applied < plan.cost.max_tokens;
-    let send_max_tokens = (clamped || plan.default_max_tokens).then_some(applied);
-    let body = request.upstream_body(&target.served.name, send_max_tokens);
-    // Picked and counted in flight in one step, so concurrent picks see each other.
-    let upstream = target.model.pick();
-    settlement.hold_in_flight(
-        upstream.start(),
-        state
-            .metrics()
-            .upstream(&target.model.id, &upstream.gpu)
-            .in_flight(),
-    );
-    let sent = send(state, request, &upstream, target, body, settlement).await;
-    let mut response = sent.unwrap_or_else(IntoResponse::into_response);
+    let budget_clamped = applied < plan.cost.max_tokens;
+    let send_max_tokens = (budget_clamped || plan.default_max_tokens).then_some(applied);
+    let body = Bytes::from(request.upstream_body(&facts.served.name, send_max_tokens));
+    let clamp = clamp_header(&plan, applied, budget_clamped);
+    if !model.is_up() && model.sleep.can_wake() {
+        // Woken above and still booting: commit a 200 and keep the client company.
+        let pending = cold::Pending {
+            state: state.clone(),
+            model_id: model.id.clone(),
+            body,
+            include_usage: request.include_usage(),
+            stream: request.stream(),
+            window: Window(window),
+        };
+        let mut response = cold::respond(pending, settlement, request_id.to_owned());
+        if let Some(clamp) = clamp {
+            response.headers_mut().insert(X_MAX_TOKENS_CLAMPED, clamp);
+        }
+        return Ok(response);
+    }
+    let job = Job {
+        state,
+        model,
+        include_usage: request.include_usage(),
+        body,
+        window: Window(window),
+    };
+    let (result, upstream) = job.run(settlement).await;
+    let mut response = result.unwrap_or_else(IntoResponse::into_response);
     let headers = response.headers_mut();
-    if let Ok(gpu) = HeaderValue::from_str(&upstream.gpu) {
+    if let Some(gpu) = upstream.and_then(|u| HeaderValue::from_str(&u.gpu).ok()) {
         headers.insert(X_UPSTREAM_GPU, gpu);
     }
-    if clamped {
-        let source = if plan.default_max_tokens {
-            "default"
-        } else {
-            "client"
-        };
-        let value = format!(
-            "requested={},applied={applied},reason=budget,source={source}",
-            plan.cost.max_tokens
-        );
-        if let Ok(value) = HeaderValue::from_str(&value) {
-            headers.insert(X_MAX_TOKENS_CLAMPED, value);
-        }
+    if let Some(clamp) = clamp {
+        headers.insert(X_MAX_TOKENS_CLAMPED, clamp);
     }
     Ok(response)
 }
 
-/// Sends the request to the chosen node and relays its answer.
-async fn send(
-    state: &AppState,
-    request: &CompletionRequest<'_>,
-    upstream: &Upstream,
-    target: Target<'_>,
-    body: Vec<u8>,
-    settlement: Settlement,
-) -> Result<Response, ApiError> {
-    let metrics = state.metrics().upstream(&target.model.id, &upstream.gpu);
-    let sent = Instant::now();
-    let response = match state
-        .upstream()
-        .send_completion(upstream, body.into())
-        .await
-    {
-        Ok(response) => response,
-        Err(err) => {
-            metrics.outcome(UpstreamOutcome::Unreachable);
-            settlement.release_unused().await;
-            return Err(err.into());
-        }
+/// `X-Acs-Max-Tokens-Clamped` when the request window or the budget cut `max_tokens`.
+fn clamp_header(plan: &Plan, applied: u64, budget_clamped: bool) -> Option<HeaderValue> {
+    let reason = match (plan.deadline_clamped, budget_clamped) {
+        (false, false) => return None,
+        (true, false) => "deadline",
+        (false, true) => "budget",
+        (true, true) => "deadline+budget",
     };
-    let first_byte = relay::FirstByte { metrics, sent };
-    relay::relay(
-        response,
-        settlement,
-        request.include_usage(),
-        first_byte,
-        state.draining().clone(),
-    )
-    .await
+    let source = if plan.default_max_tokens {
+        "default"
+    } else {
+        "client"
+    };
+    let value = format!(
+        "requested={},applied={applied},reason={reason},source={source}",
+        plan.requested_max_tokens
+    );
+    HeaderValue::from_str(&value).ok()
+}
+
+/// An admitted request, ready to go to a node.
+struct Job<'a> {
+    state: &'a AppState,
+    model: &'a Model,
+    /// Whether the client asked for a stream's usage frame.
+    include_usage: bool,
+    body: Bytes,
+    window: Window,
+}
+
+impl Job<'_> {
+    /// Dispatches to a node and relays its answer; also returns the node that ran (or
+    /// failed) the request.
+    async fn run(
+        &self,
+        mut settlement: Settlement,
+    ) -> (Result<Response, ApiError>, Option<Arc<Upstream>>) {
+        let dispatched = match dispatch::dispatch(
+            self.state,
+            self.model,
+            self.body.clone(),
+            &mut settlement,
+            self.window,
+        )
+        .await
+        {
+            Ok(dispatched) => dispatched,
+            Err(failed) => {
+                settlement.release_unused().await;
+                return (Err(failed.error), failed.upstream);
+            }
+        };
+        let Dispatched {
+            response,
+            upstream,
+            sent,
+        } = dispatched;
+        let timing = relay::Timing {
+            metrics: self.state.metrics().upstream(&self.model.id, &upstream.gpu),
+            sent,
+        };
+        let cut = relay::cut(self.state.draining().clone(), upstream.lost());
+        let relayed = relay::relay(response, settlement, self.include_usage, timing, cut).await;
+        (relayed, Some(upstream))
+    }
 }
 
 /// `X-Acs-Upstream-Model` / `X-Acs-Upstream-Gpu`: which backend served (or failed); the
 /// model only once the upstream has said what it serves.
-fn upstream_tags(upstream: &Upstream, served: Option<&Served>) -> Vec<(HeaderName, HeaderValue)> {
+fn upstream_tags(
+    upstream: Option<&Upstream>,
+    served: Option<&Served>,
+) -> Vec<(HeaderName, HeaderValue)> {
     let mut tags = Vec::with_capacity(2);
     if let Some(value) = served.and_then(|s| HeaderValue::from_str(&s.name).ok()) {
         tags.push((X_UPSTREAM_MODEL, value));
     }
-    if let Ok(value) = HeaderValue::from_str(&upstream.gpu) {
+    if let Some(value) = upstream.and_then(|u| HeaderValue::from_str(&u.gpu).ok()) {
         tags.push((X_UPSTREAM_GPU, value));
     }
     tags

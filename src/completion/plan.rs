@@ -20,16 +20,57 @@ pub struct Plan {
     pub cost: Cost,
     /// Whether `max_tokens` is the injected default rather than the client's.
     pub default_max_tokens: bool,
+    /// The client's `max_tokens`, or the default before the request window cut it.
+    pub requested_max_tokens: u64,
+    /// Whether the request window cut the default `max_tokens`.
+    pub deadline_clamped: bool,
 }
 
 pub struct Planner<'a> {
     pub client: &'a UpstreamClient,
-    pub upstream: &'a Upstream,
+    /// A node that is up, to count tokens; `None` while the model boots.
+    pub upstream: Option<&'a Upstream>,
     pub served: &'a Served,
+    /// For a non-streaming request, the tokens one sequence can decode within the
+    /// request window, and the window.
+    pub deadline: Option<DeadlineFit>,
+}
+
+/// What fits in the window of a non-streaming request.
+#[derive(Debug, Clone, Copy)]
+pub struct DeadlineFit {
+    pub tokens: u64,
+    pub window_secs: u64,
+}
+
+impl DeadlineFit {
+    /// `window × decode rate`, at least one token.
+    pub fn new(window: std::time::Duration, tokens_per_second: f64) -> Self {
+        let tokens = (window.as_secs_f64() * tokens_per_second).floor();
+        Self {
+            // Saturating float-to-int conversion; the config keeps both factors positive.
+            tokens: (tokens as u64).max(1),
+            window_secs: window.as_secs(),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub enum PlanError {
+    /// The request cannot run as asked.
+    Refused(ApiError),
+    /// A token count is needed and no node of the model is up to count it.
+    NoNodeToCount,
+}
+
+impl From<ApiError> for PlanError {
+    fn from(err: ApiError) -> Self {
+        Self::Refused(err)
+    }
 }
 
 impl Planner<'_> {
-    pub async fn plan(&self, request: &CompletionRequest<'_>) -> Result<Plan, ApiError> {
+    pub async fn plan(&self, request: &CompletionRequest<'_>) -> Result<Plan, PlanError> {
         let counts = request.prompt().token_upper_bounds();
         let mut tokens = Tokens {
             exact: vec![!request.prompt().is_text(); counts.len()],
@@ -40,20 +81,35 @@ impl Planner<'_> {
                 if tokens.counts[index] > FULL_VOCAB_MAX_PROMPT_TOKENS {
                     let count = self.count(request, &mut tokens, index).await?;
                     if count > FULL_VOCAB_MAX_PROMPT_TOKENS {
-                        return Err(ApiError::FullVocabPromptTooLong {
+                        return Err(PlanError::Refused(ApiError::FullVocabPromptTooLong {
                             tokens: count,
                             limit: FULL_VOCAB_MAX_PROMPT_TOKENS,
-                        });
+                        }));
                     }
                 }
             }
         }
-        let (max_tokens, default_max_tokens) = match request.max_tokens() {
+        let (requested_max_tokens, default_max_tokens) = match request.max_tokens() {
             Some(max_tokens) => (max_tokens, false),
             // Validation guarantees a single prompt with n = 1 here.
             None => (self.default_max_tokens(request, &mut tokens).await?, true),
         };
+        let mut max_tokens = requested_max_tokens;
+        let mut deadline_clamped = false;
+        if let Some(fit) = self.deadline.filter(|fit| max_tokens > fit.tokens) {
+            if !default_max_tokens {
+                return Err(PlanError::Refused(ApiError::DeadlineInfeasible {
+                    max_tokens,
+                    fit: fit.tokens,
+                    window_secs: fit.window_secs,
+                }));
+            }
+            max_tokens = fit.tokens;
+            deadline_clamped = true;
+        }
         Ok(Plan {
+            requested_max_tokens,
+            deadline_clamped,
             cost: Cost {
                 prompt_tokens: tokens.counts.iter().sum(),
                 fan_out: request.prompt_count().saturating_mul(request.n()),
@@ -68,7 +124,7 @@ impl Planner<'_> {
         &self,
         request: &CompletionRequest<'_>,
         tokens: &mut Tokens,
-    ) -> Result<u64, ApiError> {
+    ) -> Result<u64, PlanError> {
         let context = self.served.max_model_len;
         if context.saturating_sub(tokens.counts[0]) >= MAX_OUTPUT_WORK {
             return Ok(MAX_OUTPUT_WORK);
@@ -76,12 +132,12 @@ impl Planner<'_> {
         let count = self.count(request, tokens, 0).await?;
         match context.checked_sub(count) {
             Some(room) if room >= 1 => Ok(room.min(MAX_OUTPUT_WORK)),
-            _ => Err(ApiError::invalid_param(
+            _ => Err(PlanError::Refused(ApiError::invalid_param(
                 "prompt",
                 format!(
                     "The prompt is {count} tokens, which leaves no room to generate within the model's context of {context} tokens."
                 ),
-            )),
+            ))),
         }
     }
 
@@ -91,7 +147,7 @@ impl Planner<'_> {
         request: &CompletionRequest<'_>,
         tokens: &mut Tokens,
         index: usize,
-    ) -> Result<u64, ApiError> {
+    ) -> Result<u64, PlanError> {
         if tokens.exact[index] {
             return Ok(tokens.counts[index]);
         }
@@ -100,14 +156,12 @@ impl Planner<'_> {
             Prompt::TextBatch(texts) => texts[index].as_str(),
             Prompt::Tokens(_) | Prompt::TokenBatch(_) => return Ok(tokens.counts[index]),
         };
+        let Some(upstream) = self.upstream else {
+            return Err(PlanError::NoNodeToCount);
+        };
         let count = self
             .client
-            .count_tokens(
-                self.upstream,
-                self.served,
-                text,
-                request.add_special_tokens(),
-            )
+            .count_tokens(upstream, self.served, text, request.add_special_tokens())
             .await?;
         tokens.counts[index] = count;
         tokens.exact[index] = true;

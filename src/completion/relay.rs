@@ -15,7 +15,7 @@ use axum::response::Response;
 use bytes::Bytes;
 use futures_util::{Stream, TryStreamExt};
 use tokio::task::JoinHandle;
-use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use tokio_util::sync::CancellationToken;
 
 use crate::completion::meter::Meter;
 use crate::completion::settle::Settlement;
@@ -28,22 +28,36 @@ use crate::upstream::upstream_rejection;
 /// usage frame of a stream changes the length.)
 const KEPT_HEADERS: [header::HeaderName; 1] = [header::CONTENT_TYPE];
 
+/// Resolves, with the reason, when a relayed body must be cut short.
+pub type Cut = Pin<Box<dyn Future<Output = &'static str> + Send>>;
+
+/// Cut when fleetgate's shutdown grace period is over (`draining`) or the node is
+/// found dead (`lost`).
+pub fn cut(draining: CancellationToken, lost: CancellationToken) -> Cut {
+    Box::pin(async move {
+        tokio::select! {
+            () = draining.cancelled_owned() => "fleetgate is shutting down",
+            () = lost.cancelled_owned() => "the model server stopped answering",
+        }
+    })
+}
+
 /// `forward_usage`: whether the client asked for a stream's usage-only frame.
-/// `first_byte`: the upstream's series, for its outcome and time to the first byte.
+/// `timing`: the upstream's series, for its outcome, time to the first byte and duration.
 pub async fn relay(
     upstream: reqwest::Response,
     mut settlement: Settlement,
     forward_usage: bool,
-    first_byte: FirstByte,
-    draining: CancellationToken,
+    timing: Timing,
+    cut: Cut,
 ) -> Result<Response, ApiError> {
     if !upstream.status().is_success() {
-        first_byte.metrics.outcome(UpstreamOutcome::ErrorStatus);
+        timing.metrics.outcome(UpstreamOutcome::ErrorStatus);
         let rejection = upstream_rejection(upstream).await;
         settlement.release_unused().await;
         return Err(rejection);
     }
-    first_byte.metrics.outcome(UpstreamOutcome::Ok);
+    timing.metrics.outcome(UpstreamOutcome::Ok);
     let is_sse = upstream
         .headers()
         .get(header::CONTENT_TYPE)
@@ -69,8 +83,9 @@ pub async fn relay(
         rest: None,
         settling: None,
         ended: false,
-        first_byte: Some(first_byte),
-        draining: Box::pin(draining.cancelled_owned()),
+        timing,
+        first_seen: false,
+        cut,
     };
     response
         .body(Body::from_stream(body))
@@ -88,15 +103,14 @@ struct Metered {
     /// whole answer finds its slot free and its usage counted.
     settling: Option<JoinHandle<()>>,
     ended: bool,
-    /// Observes the time to the first body byte, once.
-    first_byte: Option<FirstByte>,
-    /// Resolves when the shutdown grace period is over: the body is cut.
-    draining: Pin<Box<WaitForCancellationFutureOwned>>,
+    timing: Timing,
+    first_seen: bool,
+    cut: Cut,
 }
 
 /// The upstream's series and when the request was sent to it, for the time to its
-/// first body byte.
-pub struct FirstByte {
+/// first body byte and to its end.
+pub struct Timing {
     pub metrics: UpstreamMetrics,
     pub sent: Instant,
 }
@@ -118,15 +132,15 @@ impl Stream for Metered {
             if this.ended {
                 return Poll::Ready(None);
             }
-            if this.draining.as_mut().poll(cx).is_ready() {
+            if let Poll::Ready(reason) = this.cut.as_mut().poll(cx) {
                 this.ended = true;
                 this.settling = this.settlement.settle();
-                return Poll::Ready(Some(Err(io::Error::other("fleetgate is shutting down"))));
+                return Poll::Ready(Some(Err(io::Error::other(reason))));
             }
             match ready!(this.inner.as_mut().poll_next(cx)) {
                 Some(Ok(chunk)) => {
-                    if let Some(first) = this.first_byte.take() {
-                        first.metrics.first_byte(first.sent);
+                    if !std::mem::replace(&mut this.first_seen, true) {
+                        this.timing.metrics.first_byte(this.timing.sent);
                     }
                     let out = this.settlement.meter.feed(chunk);
                     if !out.is_empty() {
@@ -140,6 +154,7 @@ impl Stream for Metered {
                 }
                 None => {
                     this.ended = true;
+                    this.timing.metrics.finished(this.timing.sent);
                     let rest = this.settlement.meter.finish();
                     this.rest = (!rest.is_empty()).then_some(rest);
                     this.settling = this.settlement.settle();

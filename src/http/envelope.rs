@@ -68,7 +68,8 @@ fn is_error(status: StatusCode) -> bool {
     status.is_client_error() || status.is_server_error()
 }
 
-fn render(response: &mut Response, error: &ErrorBody, request_id: &str) {
+/// The envelope JSON of `error`: `{"error":{…},"request_id":…}`.
+pub fn envelope_json(error: &ErrorBody, request_id: &str) -> Vec<u8> {
     let envelope = Envelope {
         error: EnvelopeError {
             code: error.code,
@@ -78,7 +79,11 @@ fn render(response: &mut Response, error: &ErrorBody, request_id: &str) {
         },
         request_id,
     };
-    let body = serde_json::to_vec(&envelope).unwrap_or_default();
+    serde_json::to_vec(&envelope).unwrap_or_default()
+}
+
+fn render(response: &mut Response, error: &ErrorBody, request_id: &str) {
+    let body = envelope_json(error, request_id);
     let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_TYPE,

@@ -26,6 +26,14 @@ use crate::store::RequestLogRow;
 
 const X_ACS_WORKLOAD: HeaderName = HeaderName::from_static("x-acs-workload");
 
+/// `X-Acs-Workload` when it is one of the two known values; others are ignored.
+pub fn workload(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
+        .get(X_ACS_WORKLOAD)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| matches!(*v, "interactive" | "batch"))
+}
+
 /// The open record of the current request, shared by the stages that fill it in.
 #[derive(Clone)]
 pub struct RequestRecord(Arc<Mutex<Open>>);
@@ -101,12 +109,7 @@ pub async fn record(State(state): State<AppState>, mut request: Request, next: N
         .get::<RequestId>()
         .map(|id| id.0.clone())
         .unwrap_or_default();
-    let workload = request
-        .headers()
-        .get(X_ACS_WORKLOAD)
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| matches!(*v, "interactive" | "batch"))
-        .map(str::to_owned);
+    let workload = workload(request.headers()).map(str::to_owned);
     let client_ip = request
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()

@@ -51,6 +51,7 @@ pub(crate) async fn receive(
 }
 
 pub(crate) async fn models(State(shared): State<Arc<Shared>>) -> Response {
+    shared.hang_if_wedged().await;
     let created = now_secs();
     let name = &shared.config.served_model_name;
     let card = json!({
@@ -133,8 +134,10 @@ fn tokenize_body(shared: &Shared, received: &ReceivedRequest) -> Result<Value, V
     }))
 }
 
-/// 200 with an empty body; 503 (0.11+ "engine dead") in the `Status500` failure mode.
+/// 200 with an empty body; 503 (0.11+ "engine dead") in the `Status500` failure mode;
+/// no answer in the `Hang` mode.
 pub(crate) async fn health(State(shared): State<Arc<Shared>>) -> StatusCode {
+    shared.hang_if_wedged().await;
     if shared.failure() == FailureMode::Status500 {
         StatusCode::SERVICE_UNAVAILABLE
     } else {

@@ -51,6 +51,13 @@ impl Shared {
         lock(&self.failure).clone()
     }
 
+    /// Never returns in the `Hang` mode (a wedged server answers nothing).
+    pub async fn hang_if_wedged(&self) {
+        if self.failure() == FailureMode::Hang {
+            std::future::pending::<()>().await;
+        }
+    }
+
     pub fn set_failure(&self, mode: FailureMode) {
         let refuse = mode == FailureMode::Refuse;
         *lock(&self.failure) = mode;

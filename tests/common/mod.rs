@@ -84,6 +84,9 @@ gpu = "gpu-a"
             .create_key("test", None, &key, &LimitOverrides::default())
             .await
             .unwrap();
+        // Start-up asks every node what it serves (and ejects the silent ones); done
+        // here so that a test's fault injection comes after it.
+        state.discover_upstreams().await;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (tx, rx) = oneshot::channel();

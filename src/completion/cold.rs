@@ -1,0 +1,199 @@
+//! A request that finds its model asleep (scale to zero).
+//!
+//! Everything that can be decided before the boot is decided first, with a normal
+//! status: validation, the key and its limits, and the wake hook's confirmation (a
+//! failed wake is a 503). Once the hook has confirmed the boot, the 200 is committed at
+//! once and the connection is kept alive while the node boots and the answer is
+//! computed: an SSE comment line (`: booting`) for streams, a space for JSON (JSON
+//! allows leading whitespace), every `fleet.keepalive_interval_ms`. Then the node's
+//! answer flows as usual.
+//!
+//! If the boot times out or the node then fails, the headers are already sent: the
+//! error goes into the body (the contract's "200*" case, without
+//! `X-Acs-Upstream-Error-Kind`) — the usual envelope `{"error":{…},"request_id":…}` as
+//! the whole JSON body, or as one SSE event followed by `data: [DONE]`, the way vLLM
+//! reports an error mid-stream.
+
+use std::io;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::app::AppState;
+use crate::completion::Job;
+use crate::completion::dispatch::Window;
+use crate::completion::settle::Settlement;
+use crate::error::ApiError;
+use crate::fleet::Model;
+use crate::http::envelope::envelope_json;
+
+/// Waits until a woken model has a node up, at most its boot timeout.
+pub async fn wait_booted(model: &Model) -> Result<(), ApiError> {
+    if model
+        .wait_up(Instant::now() + model.sleep.boot_timeout)
+        .await
+    {
+        Ok(())
+    } else {
+        Err(ApiError::UpstreamUnavailable(format!(
+            "Model '{}' was woken but no node came up within {} s. Retry later.",
+            model.id,
+            model.sleep.boot_timeout.as_secs()
+        )))
+    }
+}
+
+/// An admitted request for a booting model, owned so that it can outlive the handler.
+pub struct Pending {
+    pub state: AppState,
+    pub model_id: String,
+    pub body: Bytes,
+    pub include_usage: bool,
+    pub stream: bool,
+    pub window: Window,
+}
+
+/// Commits the 200 now; the boot, the request and its answer follow in the body.
+pub fn respond(pending: Pending, settlement: Settlement, request_id: String) -> Response {
+    let (tx, mut rx) = mpsc::channel::<io::Result<Bytes>>(16);
+    let content_type = if pending.stream {
+        "text/event-stream"
+    } else {
+        "application/json"
+    };
+    let tasks = pending.state.tasks().clone();
+    tasks.spawn(run(pending, settlement, request_id, tx));
+    let body = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, content_type),
+            // A compressor would hold the keep-alive bytes back.
+            (header::CONTENT_ENCODING, "identity"),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response()
+}
+
+async fn run(
+    pending: Pending,
+    settlement: Settlement,
+    request_id: String,
+    tx: mpsc::Sender<io::Result<Bytes>>,
+) {
+    let keep_alive = KeepAlive {
+        tx: &tx,
+        every: std::time::Duration::from_millis(pending.state.config().fleet.keepalive_interval_ms),
+        bytes: if pending.stream {
+            b": booting\n\n"
+        } else {
+            b" "
+        },
+        draining: pending.state.draining().clone(),
+    };
+    let fail = |err: ApiError| {
+        tracing::warn!(request_id = %request_id, code = err.code(), "request failed after a confirmed cold boot; the error goes into the 200 body");
+        let bytes = in_body_error(&err, &request_id, pending.stream);
+        let tx = tx.clone();
+        async move {
+            let _ = tx.send(Ok(bytes)).await;
+        }
+    };
+    let Ok(model) = pending.state.fleet().resolve(Some(&pending.model_id)) else {
+        return;
+    };
+    match keep_alive.hold(wait_booted(model)).await {
+        Held::Done(Ok(())) => {}
+        Held::Done(Err(err)) => {
+            settlement.release_unused().await;
+            return fail(err).await;
+        }
+        Held::Gone => return settlement.release_unused().await,
+        Held::Draining => {
+            settlement.release_unused().await;
+            return fail(shutting_down()).await;
+        }
+    }
+    let job = Job {
+        state: &pending.state,
+        model,
+        include_usage: pending.include_usage,
+        body: pending.body.clone(),
+        window: pending.window,
+    };
+    // Leaving `run` (client gone, shutdown) drops the settlement, which settles.
+    let response = match keep_alive.hold(job.run(settlement)).await {
+        Held::Done((Ok(response), _)) => response,
+        Held::Done((Err(err), _)) => return fail(err).await,
+        Held::Gone => return,
+        Held::Draining => return fail(shutting_down()).await,
+    };
+    let mut body = response.into_body().into_data_stream();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(io::Error::other);
+        let failed = chunk.is_err();
+        if tx.send(chunk).await.is_err() || failed {
+            return;
+        }
+    }
+}
+
+fn shutting_down() -> ApiError {
+    ApiError::UpstreamUnavailable("fleetgate is shutting down. Retry shortly.".into())
+}
+
+/// The error envelope as the whole JSON body, or as an SSE event and `[DONE]`.
+fn in_body_error(err: &ApiError, request_id: &str, stream: bool) -> Bytes {
+    let json = envelope_json(&err.body(), request_id);
+    if !stream {
+        return Bytes::from(json);
+    }
+    let mut event = Vec::with_capacity(json.len() + 32);
+    event.extend_from_slice(b"data: ");
+    event.extend_from_slice(&json);
+    event.extend_from_slice(b"\n\ndata: [DONE]\n\n");
+    Bytes::from(event)
+}
+
+struct KeepAlive<'a> {
+    tx: &'a mpsc::Sender<io::Result<Bytes>>,
+    every: std::time::Duration,
+    bytes: &'static [u8],
+    draining: CancellationToken,
+}
+
+enum Held<T> {
+    Done(T),
+    /// The client went away.
+    Gone,
+    /// The shutdown grace period is over.
+    Draining,
+}
+
+impl KeepAlive<'_> {
+    /// Runs `work`, sending a keep-alive every `every` until it is done.
+    async fn hold<T>(&self, work: impl Future<Output = T>) -> Held<T> {
+        tokio::pin!(work);
+        let start = tokio::time::Instant::now() + self.every;
+        let mut ticks = tokio::time::interval_at(start, self.every);
+        loop {
+            tokio::select! {
+                out = &mut work => return Held::Done(out),
+                () = self.draining.cancelled() => return Held::Draining,
+                () = self.tx.closed() => return Held::Gone,
+                _ = ticks.tick() => {
+                    if self.tx.send(Ok(Bytes::from_static(self.bytes))).await.is_err() {
+                        return Held::Gone;
+                    }
+                }
+            }
+        }
+    }
+}

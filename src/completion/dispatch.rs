@@ -1,0 +1,148 @@
+//! Getting the request to a node: pick one (waiting in the fleet queue if all are
+//! full), send, and fail over once when the request provably never started there.
+//!
+//! Failover happens only when the node gave nothing back: the connection was refused
+//! or reset before any response byte, or it answered 503 (vLLM's "engine dead") before
+//! a body. Then one other node is tried, never more, and never once a response is
+//! being relayed. Both cases also eject the node (`fleet/health.rs`), as does any other
+//! 5xx, unless it is the model's last node in rotation (see [`eject`]).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::StatusCode;
+
+use crate::app::AppState;
+use crate::completion::settle::Settlement;
+use crate::error::ApiError;
+use crate::fleet::{Model, NoNode, Upstream};
+use crate::metrics::UpstreamOutcome;
+use crate::upstream::upstream_rejection;
+
+/// A node's answer (headers read, body not yet) and what is needed to relay it.
+pub struct Dispatched {
+    pub response: reqwest::Response,
+    pub upstream: Arc<Upstream>,
+    pub sent: Instant,
+}
+
+/// A failed dispatch and the node that failed, if one was tried.
+pub struct Failed {
+    pub error: ApiError,
+    pub upstream: Option<Arc<Upstream>>,
+}
+
+/// How long a non-streaming request may wait for its answer.
+#[derive(Clone, Copy)]
+pub struct Window(pub Option<Duration>);
+
+/// Sends `body` to a node of `model`; the node is counted in flight in `settlement`.
+pub async fn dispatch(
+    state: &AppState,
+    model: &Model,
+    body: Bytes,
+    settlement: &mut Settlement,
+    window: Window,
+) -> Result<Dispatched, Failed> {
+    let mut failed: Option<(Arc<Upstream>, ApiError)> = None;
+    loop {
+        let taken = model.acquire(failed.as_ref().map(|(u, _)| &**u)).await;
+        let in_flight = match taken {
+            Ok(in_flight) => in_flight,
+            Err(no_node) => {
+                // After a failover attempt, the first node's failure says more than
+                // "no other node".
+                let (error, upstream) = match failed {
+                    Some((upstream, error)) if no_node == NoNode::NoneUp => (error, Some(upstream)),
+                    Some((upstream, _)) => (no_node.into_error(&model.id), Some(upstream)),
+                    None => (no_node.into_error(&model.id), None),
+                };
+                return Err(Failed { error, upstream });
+            }
+        };
+        let upstream = Arc::clone(in_flight.upstream());
+        let metrics = state.metrics().upstream(&model.id, &upstream.gpu);
+        settlement.hold_in_flight(in_flight, metrics.in_flight());
+        let lost = upstream.lost();
+        let sent = Instant::now();
+        let call = state.upstream().send_completion(&upstream, body.clone());
+        let answer = tokio::select! {
+            answer = within(window, call) => answer,
+            () = lost.cancelled() => {
+                metrics.outcome(UpstreamOutcome::Unreachable);
+                return Err(Failed {
+                    error: ApiError::UpstreamRejected {
+                        status: StatusCode::BAD_GATEWAY,
+                        kind: "upstream_error",
+                        message: "The model server stopped answering. Retry shortly.".into(),
+                    },
+                    upstream: Some(upstream),
+                });
+            }
+        };
+        let never_started = match answer {
+            None => {
+                // Dropping the call closed its connection: vLLM aborts the generation.
+                metrics.outcome(UpstreamOutcome::Deadline);
+                let window_secs = window.0.map_or(0, |w| w.as_secs());
+                tracing::warn!(model = %model.id, gpu = %upstream.gpu, window_secs, "upstream overran the request window");
+                return Err(Failed {
+                    error: ApiError::UpstreamDeadline { window_secs },
+                    upstream: Some(upstream),
+                });
+            }
+            Some(Err(err)) => {
+                metrics.outcome(UpstreamOutcome::Unreachable);
+                ApiError::from(err)
+            }
+            Some(Ok(response)) if response.status() == StatusCode::SERVICE_UNAVAILABLE => {
+                metrics.outcome(UpstreamOutcome::ErrorStatus);
+                upstream_rejection(response).await
+            }
+            Some(Ok(response)) => {
+                if response.status().is_server_error() {
+                    eject(state, model, &upstream);
+                } else {
+                    upstream.health.request_succeeded();
+                }
+                return Ok(Dispatched {
+                    response,
+                    upstream,
+                    sent,
+                });
+            }
+        };
+        eject(state, model, &upstream);
+        if failed.is_some() {
+            return Err(Failed {
+                error: never_started,
+                upstream: Some(upstream),
+            });
+        }
+        tracing::info!(model = %model.id, gpu = %upstream.gpu, "request never started on the node; failing over");
+        failed = Some((upstream, never_started));
+    }
+}
+
+/// Runs `call` within the window, if there is one; `None` when it ran out.
+async fn within<T>(window: Window, call: impl Future<Output = T>) -> Option<T> {
+    match window.0 {
+        Some(limit) => tokio::time::timeout(limit, call).await.ok(),
+        None => Some(call.await),
+    }
+}
+
+/// Takes a node that failed a request out of rotation, unless it is the model's last
+/// node in rotation: with no other node to send to, ejecting it would only turn its
+/// failures into refusals. The prober ejects a last node that is really down.
+pub fn eject(state: &AppState, model: &Model, upstream: &Upstream) {
+    let others_up = model
+        .upstreams()
+        .iter()
+        .any(|u| !std::ptr::eq(&**u, upstream) && u.health.is_up());
+    if others_up && upstream.health.request_failed() {
+        tracing::warn!(model = %model.id, gpu = %upstream.gpu, "node failed a request; ejected");
+        state.metrics().upstream(&model.id, &upstream.gpu).ejected();
+    }
+}

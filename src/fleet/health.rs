@@ -1,0 +1,208 @@
+//! One node's health: up, or ejected until a back-off has passed.
+//!
+//! - A request that fails on the node (connection refused or reset, a 5xx) ejects it
+//!   at once (passive ejection), for `eject_base_ms`, doubling with every failure in a
+//!   row up to `eject_max_ms`. Failures while already ejected do not add: the requests
+//!   in flight when a node dies all fail together, and that is one failure.
+//! - The prober (`prober.rs`) asks ejected nodes again only once their back-off has
+//!   passed (half-open); a good answer re-admits the node, a bad one ejects it for
+//!   longer. The streak is cleared only by a request that succeeds, so a node whose
+//!   `/health` says yes while its completions fail is re-admitted ever more rarely.
+//! - A node that fails a probe while up is declared lost: requests waiting on it are
+//!   cut rather than left hanging (`lost()`).
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+/// Back-off of ejected nodes: `base · 2^(streak−1)`, at most `max`.
+#[derive(Debug, Clone, Copy)]
+pub struct Backoff {
+    pub base: Duration,
+    pub max: Duration,
+}
+
+impl Backoff {
+    fn after(&self, streak: u32) -> Duration {
+        let doublings = streak.saturating_sub(1).min(30);
+        self.base.saturating_mul(1 << doublings).min(self.max)
+    }
+}
+
+pub struct Health {
+    state: Mutex<State>,
+    backoff: Backoff,
+}
+
+#[derive(Debug)]
+struct State {
+    up: bool,
+    /// When an ejected node may be probed again.
+    until: Instant,
+    /// Failures since the last request that succeeded here.
+    streak: u32,
+    /// Cancelled when the node is found dead; replaced when it comes back.
+    lost: CancellationToken,
+}
+
+impl Health {
+    pub fn new(backoff: Backoff) -> Self {
+        Self {
+            state: Mutex::new(State {
+                // Optimistic until the first probe: a node that is down fails its first
+                // request fast (connection refused) and is ejected then.
+                up: true,
+                until: Instant::now(),
+                streak: 0,
+                lost: CancellationToken::new(),
+            }),
+            backoff,
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.state().up
+    }
+
+    /// Cancelled if the node is found dead while a request is on it.
+    pub fn lost(&self) -> CancellationToken {
+        self.state().lost.clone()
+    }
+
+    /// A request failed on the node: eject it. Returns whether it was up.
+    pub fn request_failed(&self) -> bool {
+        let mut state = self.state();
+        if !state.up {
+            return false;
+        }
+        self.eject(&mut state);
+        true
+    }
+
+    /// A request succeeded: the node is fine, whatever its streak said.
+    pub fn request_succeeded(&self) {
+        let mut state = self.state();
+        state.streak = 0;
+        state.up = true;
+    }
+
+    /// Whether the prober should ask the node now: always while up, and once its
+    /// back-off has passed while ejected.
+    pub fn probe_due(&self, now: Instant) -> bool {
+        let state = self.state();
+        state.up || now >= state.until
+    }
+
+    /// The node answered its probe. Returns whether this re-admitted it.
+    pub fn probe_succeeded(&self, now: Instant) -> bool {
+        let mut state = self.state();
+        if state.up || now < state.until {
+            return false;
+        }
+        state.up = true;
+        state.lost = CancellationToken::new();
+        true
+    }
+
+    /// The node did not answer its probe: eject it, and cut what waits on it if it was up.
+    /// Returns whether it was up.
+    pub fn probe_failed(&self) -> bool {
+        let mut state = self.state();
+        let was_up = state.up;
+        self.eject(&mut state);
+        state.lost.cancel();
+        was_up
+    }
+
+    /// Eject without counting a failure (the node was put to sleep); the next probe
+    /// after `until` may re-admit it.
+    pub fn set_down(&self) {
+        let mut state = self.state();
+        state.up = false;
+        state.until = Instant::now();
+        state.lost.cancel();
+    }
+
+    /// Probe an ejected node at the next round instead of after its back-off (a boot
+    /// was just started).
+    pub fn probe_soon(&self) {
+        self.state().until = Instant::now();
+    }
+
+    fn eject(&self, state: &mut State) {
+        state.up = false;
+        state.streak = state.streak.saturating_add(1);
+        state.until = Instant::now() + self.backoff.after(state.streak);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn health(base_ms: u64, max_ms: u64) -> Health {
+        Health::new(Backoff {
+            base: Duration::from_millis(base_ms),
+            max: Duration::from_millis(max_ms),
+        })
+    }
+
+    #[test]
+    fn back_off_doubles_up_to_the_max() {
+        let backoff = Backoff {
+            base: Duration::from_secs(1),
+            max: Duration::from_secs(30),
+        };
+        let secs: Vec<u64> = (1..=7).map(|s| backoff.after(s).as_secs()).collect();
+        assert_eq!(secs, [1, 2, 4, 8, 16, 30, 30]);
+        assert_eq!(backoff.after(u32::MAX), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn a_failed_request_ejects_once_and_the_probe_waits_for_the_back_off() {
+        let h = health(60_000, 60_000);
+        assert!(h.is_up());
+        assert!(h.request_failed());
+        assert!(
+            !h.request_failed(),
+            "a second failure while ejected adds nothing"
+        );
+        assert!(!h.is_up());
+        assert!(!h.probe_due(Instant::now()));
+        assert!(
+            !h.probe_succeeded(Instant::now()),
+            "not re-admitted before the back-off"
+        );
+        assert!(h.probe_due(Instant::now() + Duration::from_secs(61)));
+    }
+
+    #[test]
+    fn a_probe_after_the_back_off_re_admits_and_keeps_the_streak() {
+        let h = health(1, 1000);
+        h.request_failed();
+        assert!(h.probe_succeeded(Instant::now() + Duration::from_millis(2)));
+        assert!(h.is_up());
+        // Failing again right after re-admission doubles the back-off.
+        h.request_failed();
+        assert_eq!(h.state().streak, 2);
+        h.request_succeeded();
+        assert_eq!(h.state().streak, 0);
+        assert!(h.is_up());
+    }
+
+    #[test]
+    fn a_failed_probe_cuts_the_requests_waiting_on_the_node() {
+        let h = health(1000, 1000);
+        let lost = h.lost();
+        assert!(h.probe_failed());
+        assert!(lost.is_cancelled());
+        assert!(!h.is_up());
+    }
+}

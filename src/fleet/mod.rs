@@ -1,0 +1,376 @@
+//! The configured models and their vLLM nodes: which short id exists, which one is the
+//! default, which node serves the next request, and whether any is up.
+//!
+//! - Balancing: power of two choices among the nodes that are up and below their
+//!   `max_in_flight`, by in-flight count over weight.
+//! - Capacity: when every node that is up is full, requests wait in a bounded per-model
+//!   queue (`fleet.queue_size`, `fleet.queue_timeout_ms`), then get 503.
+//! - Health: see `health.rs` (ejection, back-off) and `prober.rs` (active probes).
+//! - Scale to zero: see `wake.rs`.
+//!
+//! What each node actually serves (checkpoint name, context length) is learned from its
+//! `/v1/models`, at start-up and by every probe.
+
+pub mod health;
+pub mod prober;
+pub mod wake;
+
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, FleetSettings, ModelConfig, UpstreamConfig};
+use crate::error::ApiError;
+use health::{Backoff, Health};
+use wake::Sleep;
+
+pub struct Fleet {
+    models: Vec<Model>,
+    default: usize,
+}
+
+pub struct Model {
+    pub id: String,
+    pub is_default: bool,
+    pub max_logprobs: u32,
+    /// Worst-case decode speed of one sequence, for the non-streaming window.
+    pub decode_tokens_per_second: f64,
+    upstreams: Vec<Arc<Upstream>>,
+    /// Signalled when a request leaves a node or a node comes up.
+    freed: Arc<Notify>,
+    /// Requests waiting in this model's fleet queue.
+    queued: AtomicU32,
+    queue_size: u32,
+    queue_timeout: Duration,
+    /// Scale to zero (wake hook, keep-warm), when configured.
+    pub sleep: Sleep,
+}
+
+/// One vLLM server.
+pub struct Upstream {
+    /// Base URL without a trailing slash.
+    pub url: String,
+    /// Label returned in `X-Acs-Upstream-Gpu`.
+    pub gpu: String,
+    /// Relative capacity: the upstream's load is its in-flight count over its weight.
+    pub weight: u32,
+    max_in_flight: Option<usize>,
+    /// Requests sent to this upstream and not yet settled.
+    in_flight: AtomicUsize,
+    pub health: Health,
+    /// The model's `freed`.
+    freed: Arc<Notify>,
+    served: RwLock<Option<Arc<Served>>>,
+}
+
+/// Counts a request as in flight on its upstream while it lives.
+pub struct InFlight(Arc<Upstream>);
+
+impl InFlight {
+    pub fn upstream(&self) -> &Arc<Upstream> {
+        &self.0
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.0.freed.notify_one();
+    }
+}
+
+/// What an upstream reported about itself in `/v1/models`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Served {
+    /// The served checkpoint name: what vLLM expects in `model` and reports back.
+    pub name: String,
+    pub max_model_len: u64,
+}
+
+/// Why no node could be had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoNode {
+    /// No node of the model is up (or the model is asleep).
+    NoneUp,
+    /// Every node that is up stayed at its `max_in_flight` for the whole queue time,
+    /// or the queue was full.
+    Busy,
+}
+
+impl NoNode {
+    pub fn into_error(self, model: &str) -> ApiError {
+        ApiError::UpstreamUnavailable(match self {
+            Self::NoneUp => format!("No node of model '{model}' is up right now. Retry shortly."),
+            Self::Busy => format!(
+                "Every node of model '{model}' is at capacity and the wait queue is full or timed out. Retry shortly."
+            ),
+        })
+    }
+}
+
+impl Fleet {
+    pub fn new(config: &Config) -> Self {
+        Self {
+            models: config
+                .models
+                .iter()
+                .map(|m| Model::new(m, &config.fleet))
+                .collect(),
+            default: config.default_model_index(),
+        }
+    }
+
+    pub fn models(&self) -> &[Model] {
+        &self.models
+    }
+
+    /// The model a request names, or the default model when it names none.
+    pub fn resolve(&self, id: Option<&str>) -> Result<&Model, ApiError> {
+        match id {
+            None => Ok(&self.models[self.default]),
+            Some(id) => self
+                .models
+                .iter()
+                .find(|m| m.id == id)
+                .ok_or_else(|| ApiError::ModelNotFound(id.to_owned())),
+        }
+    }
+
+    pub fn upstreams(&self) -> impl Iterator<Item = &Arc<Upstream>> {
+        self.models.iter().flat_map(|m| m.upstreams.iter())
+    }
+}
+
+impl Model {
+    fn new(config: &ModelConfig, fleet: &FleetSettings) -> Self {
+        let freed = Arc::new(Notify::new());
+        let backoff = Backoff {
+            base: Duration::from_millis(fleet.eject_base_ms),
+            max: Duration::from_millis(fleet.eject_max_ms),
+        };
+        Self {
+            id: config.id.clone(),
+            is_default: config.default,
+            max_logprobs: config.max_logprobs,
+            decode_tokens_per_second: config.decode_tokens_per_second,
+            upstreams: config
+                .upstreams
+                .iter()
+                .map(|u| Upstream::new(u, backoff, Arc::clone(&freed)))
+                .collect(),
+            freed,
+            queued: AtomicU32::new(0),
+            queue_size: fleet.queue_size,
+            queue_timeout: Duration::from_millis(fleet.queue_timeout_ms),
+            sleep: Sleep::new(config),
+        }
+    }
+
+    pub fn upstreams(&self) -> &[Arc<Upstream>] {
+        &self.upstreams
+    }
+
+    /// Whether any node is up (and the model is not put to sleep).
+    pub fn is_up(&self) -> bool {
+        !self.sleep.is_asleep() && self.upstreams.iter().any(|u| u.health.is_up())
+    }
+
+    /// Requests waiting in the fleet queue now.
+    pub fn queued(&self) -> u32 {
+        self.queued.load(Ordering::Relaxed)
+    }
+
+    /// Requests in flight on all nodes.
+    pub fn in_flight(&self) -> usize {
+        self.upstreams.iter().map(|u| u.in_flight()).sum()
+    }
+
+    /// A node that is up, for questions about the model (`/v1/models`, `/tokenize`);
+    /// not counted in flight.
+    pub fn any_up(&self) -> Option<Arc<Upstream>> {
+        if self.sleep.is_asleep() {
+            return None;
+        }
+        let up: Vec<&Arc<Upstream>> = self.upstreams.iter().filter(|u| u.health.is_up()).collect();
+        match up.len() {
+            0 => None,
+            n => Some(Arc::clone(up[rand::rng().random_range(0..n)])),
+        }
+    }
+
+    /// A node for the next request, counted in flight from here on; waits in the fleet
+    /// queue while every node that is up is full. `exclude`: a node that just failed
+    /// this request.
+    pub async fn acquire(&self, exclude: Option<&Upstream>) -> Result<InFlight, NoNode> {
+        let give_up = Instant::now() + self.queue_timeout;
+        let mut waiting: Option<Queued<'_>> = None;
+        loop {
+            // Registered before looking, so a slot freed in between is not missed.
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            match self.try_pick(exclude) {
+                Ok(taken) => return Ok(taken),
+                Err(NoNode::NoneUp) => return Err(NoNode::NoneUp),
+                Err(NoNode::Busy) => {}
+            }
+            if waiting.is_none() {
+                waiting = Some(Queued::join(self).ok_or(NoNode::Busy)?);
+            }
+            tokio::time::timeout_at(give_up.into(), freed)
+                .await
+                .map_err(|_| NoNode::Busy)?;
+        }
+    }
+
+    /// Power of two choices among the nodes that are up and have room.
+    fn try_pick(&self, exclude: Option<&Upstream>) -> Result<InFlight, NoNode> {
+        if self.sleep.is_asleep() {
+            return Err(NoNode::NoneUp);
+        }
+        let up = self
+            .upstreams
+            .iter()
+            .filter(|u| u.health.is_up() && !exclude.is_some_and(|e| std::ptr::eq(e, &***u)));
+        let mut open: Vec<&Arc<Upstream>> = Vec::with_capacity(self.upstreams.len());
+        let mut any_up = false;
+        for upstream in up {
+            any_up = true;
+            if upstream.has_room() {
+                open.push(upstream);
+            }
+        }
+        if !any_up {
+            return Err(NoNode::NoneUp);
+        }
+        // Another request may take the last slot between the look and the take: retry
+        // with what is left.
+        while !open.is_empty() {
+            let mut rng = rand::rng();
+            let n = open.len();
+            let a = rng.random_range(0..n);
+            let pick = if n == 1 {
+                a
+            } else {
+                let b = (a + rng.random_range(1..n)) % n;
+                if open[b].lighter_than(open[a]) { b } else { a }
+            };
+            if let Some(taken) = open[pick].try_start() {
+                return Ok(taken);
+            }
+            open.swap_remove(pick);
+        }
+        Err(NoNode::Busy)
+    }
+
+    /// Waits until a node is up (a boot finished), at most until `until`.
+    pub async fn wait_up(&self, until: Instant) -> bool {
+        loop {
+            let came_up = self.freed.notified();
+            tokio::pin!(came_up);
+            came_up.as_mut().enable();
+            if self.is_up() {
+                return true;
+            }
+            if tokio::time::timeout_at(until.into(), came_up)
+                .await
+                .is_err()
+            {
+                return self.is_up();
+            }
+        }
+    }
+
+    /// What the first upstream that has answered `/v1/models` serves, if any has.
+    pub fn served(&self) -> Option<Arc<Served>> {
+        self.upstreams.iter().find_map(|u| u.served())
+    }
+}
+
+/// A place in a model's fleet queue, given back on drop.
+struct Queued<'a>(&'a Model);
+
+impl<'a> Queued<'a> {
+    fn join(model: &'a Model) -> Option<Self> {
+        model
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < model.queue_size).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Self(model))
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.queued.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Upstream {
+    fn new(config: &UpstreamConfig, backoff: Backoff, freed: Arc<Notify>) -> Arc<Self> {
+        Arc::new(Self {
+            url: config.url.trim_end_matches('/').to_owned(),
+            gpu: config.gpu.clone(),
+            weight: config.weight,
+            max_in_flight: config.max_in_flight.map(|m| m as usize),
+            in_flight: AtomicUsize::new(0),
+            health: Health::new(backoff),
+            freed,
+            served: RwLock::new(None),
+        })
+    }
+
+    /// Counts one more request in flight here, unless the node is at `max_in_flight`.
+    fn try_start(self: &Arc<Self>) -> Option<InFlight> {
+        let limit = self.max_in_flight.unwrap_or(usize::MAX);
+        self.in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| InFlight(Arc::clone(self)))
+    }
+
+    fn has_room(&self) -> bool {
+        self.max_in_flight.is_none_or(|m| self.in_flight() < m)
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Cancelled if the node is found dead while a request is on it.
+    pub fn lost(&self) -> CancellationToken {
+        self.health.lost()
+    }
+
+    /// The node came up again: wake the requests of its model waiting for one.
+    pub fn announce_up(&self) {
+        self.freed.notify_waiters();
+    }
+
+    /// Whether this upstream is less loaded than `other`, weights considered
+    /// (`in_flight / weight`, compared without division).
+    fn lighter_than(&self, other: &Upstream) -> bool {
+        let load = |u: &Upstream, w: u32| u.in_flight() as u128 * u128::from(w);
+        load(self, other.weight) < load(other, self.weight)
+    }
+
+    pub fn served(&self) -> Option<Arc<Served>> {
+        self.served.read().ok().and_then(|s| s.clone())
+    }
+
+    pub fn set_served(&self, served: Served) -> Arc<Served> {
+        let served = Arc::new(served);
+        if let Ok(mut slot) = self.served.write() {
+            *slot = Some(Arc::clone(&served));
+        }
+        served
+    }
+}

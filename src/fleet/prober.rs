@@ -1,0 +1,80 @@
+//! Active health probes: every `fleet.probe_interval_ms`, each node that is up (and
+//! each ejected node whose back-off has passed) is asked `GET /health` and
+//! `GET /v1/models`, within `fleet.probe_timeout_ms`. A node passes when both answer
+//! and it serves the same checkpoint as the model's other nodes. The same loop runs the
+//! keep-warm policy (`wake.rs`).
+
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use tokio::time::MissedTickBehavior;
+
+use crate::app::AppState;
+use crate::fleet::{Model, Upstream};
+
+/// Probes forever; the caller aborts the task on shutdown.
+pub async fn run(state: AppState) {
+    let settings = &state.config().fleet;
+    let mut ticks = tokio::time::interval(Duration::from_millis(settings.probe_interval_ms));
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    // The first tick is immediate, and start-up has just asked every node.
+    ticks.tick().await;
+    loop {
+        ticks.tick().await;
+        let now = Instant::now();
+        let state = &state;
+        let probes = state.fleet().models().iter().flat_map(|model| {
+            model
+                .upstreams()
+                .iter()
+                .filter(move |u| u.health.probe_due(now))
+                .map(move |upstream| probe(state, model, upstream))
+        });
+        join_all(probes).await;
+        let sleeps = state
+            .fleet()
+            .models()
+            .iter()
+            .map(|model| model.sleep_if_idle(state.upstream()));
+        join_all(sleeps).await;
+    }
+}
+
+async fn probe(state: &AppState, model: &Model, upstream: &Upstream) {
+    let timeout = Duration::from_millis(state.config().fleet.probe_timeout_ms);
+    let client = state.upstream();
+    let answer = tokio::time::timeout(timeout, async {
+        client.health(upstream).await?;
+        client.fetch_served(upstream).await
+    })
+    .await;
+    let failure = match answer {
+        Err(_) => format!("no answer within {} ms", timeout.as_millis()),
+        Ok(Err(err)) => err.to_string(),
+        Ok(Ok(served)) => match model
+            .upstreams()
+            .iter()
+            .filter(|other| !std::ptr::eq(&***other, upstream))
+            .find_map(|other| other.served())
+        {
+            Some(expected) if expected.name != served.name => format!(
+                "serves '{}' while the model's other nodes serve '{}'",
+                served.name, expected.name
+            ),
+            _ => {
+                if upstream.health.probe_succeeded(Instant::now()) {
+                    tracing::info!(model = %model.id, gpu = %upstream.gpu, "node is up again");
+                    upstream.announce_up();
+                    model.boot_done().await;
+                }
+                return;
+            }
+        },
+    };
+    if upstream.health.probe_failed() {
+        tracing::warn!(model = %model.id, gpu = %upstream.gpu, reason = %failure, "node failed its probe; ejected");
+        state.metrics().upstream(&model.id, &upstream.gpu).ejected();
+    } else {
+        tracing::debug!(model = %model.id, gpu = %upstream.gpu, reason = %failure, "ejected node still failing");
+    }
+}
