@@ -1,37 +1,140 @@
-//! `GET /health`: liveness of the gateway and its store (no key needed).
+//! `GET /health`: whether the gateway can serve (its store answers) and, per model,
+//! whether any node is up to run requests (no key needed). `?verbose=true` adds each
+//! node's state (by its GPU label; node addresses are not published).
+//!
+//! The status is 503 only when the store does not answer: a model without a node up is
+//! reported (`ready: false`, overall `degraded`) but does not take the gateway out of a
+//! load balancer, since every replica would see the same nodes.
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
-use serde::Serialize;
-use utoipa::ToSchema;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 
 use crate::app::AppState;
+use crate::error::ApiError;
+use crate::fleet::Model;
 
 #[derive(Serialize, ToSchema)]
 pub struct Health {
-    /// `ok`, or `degraded` when the store does not answer.
+    /// `ok`; `degraded` when a model has no node up or the store does not answer.
     status: &'static str,
+    /// Whether the store (keys, ledger) answers.
+    store: bool,
+    models: Vec<ModelHealth>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ModelHealth {
+    id: String,
+    /// A node is up to take requests now.
+    ready: bool,
+    /// Put to sleep by the keep-warm policy; the next request wakes it.
+    asleep: bool,
+    nodes_up: usize,
+    nodes: usize,
+    /// Requests waiting for a node below its `max_in_flight`.
+    queued: u32,
+    /// With `verbose=true`: each node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    upstreams: Option<Vec<NodeHealth>>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct NodeHealth {
+    gpu: String,
+    /// `false` while ejected (failed requests or probes) or asleep.
+    up: bool,
+    in_flight: usize,
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct HealthQuery {
+    /// `true` adds each node's state.
+    verbose: Option<String>,
 }
 
 #[utoipa::path(
     get,
     path = "/health",
     tag = "ops",
+    params(HealthQuery),
     responses(
-        (status = 200, description = "The gateway is serving.", body = Health),
+        (status = 200, description = "The gateway is serving; each model says whether a node is up.", body = Health),
+        (status = 400, description = "`invalid_request`: `verbose` is not `true` or `false`.", body = crate::openapi::ErrorEnvelopeDoc),
         (status = 503, description = "The store does not answer.", body = Health),
     )
 )]
-pub async fn health(State(state): State<AppState>) -> (StatusCode, Json<Health>) {
-    match state.store().ping().await {
-        Ok(()) => (StatusCode::OK, Json(Health { status: "ok" })),
+pub async fn health(
+    State(state): State<AppState>,
+    Query(query): Query<HealthQuery>,
+) -> Result<(StatusCode, Json<Health>), ApiError> {
+    let verbose = match query.verbose.as_deref() {
+        None | Some("false" | "0") => false,
+        Some("" | "true" | "1") => true,
+        Some(other) => {
+            return Err(ApiError::invalid_param(
+                "verbose",
+                format!("verbose must be true or false (got '{other}')"),
+            ));
+        }
+    };
+    let store = match state.store().ping().await {
+        Ok(()) => true,
         Err(err) => {
             tracing::warn!(error = %err, "store health check failed");
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                Json(Health { status: "degraded" }),
-            )
+            false
         }
+    };
+    let models: Vec<ModelHealth> = state
+        .fleet()
+        .models()
+        .iter()
+        .map(|m| model_health(m, verbose))
+        .collect();
+    let status = if store && models.iter().all(|m| m.ready) {
+        "ok"
+    } else {
+        "degraded"
+    };
+    let code = if store {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    Ok((
+        code,
+        Json(Health {
+            status,
+            store,
+            models,
+        }),
+    ))
+}
+
+fn model_health(model: &Model, verbose: bool) -> ModelHealth {
+    let asleep = model.sleep.is_asleep();
+    let up = |u: &crate::fleet::Upstream| !asleep && u.health.is_up();
+    let nodes_up = model.upstreams().iter().filter(|u| up(u)).count();
+    ModelHealth {
+        id: model.id.clone(),
+        ready: nodes_up > 0,
+        asleep,
+        nodes_up,
+        nodes: model.upstreams().len(),
+        queued: model.queued(),
+        upstreams: verbose.then(|| {
+            model
+                .upstreams()
+                .iter()
+                .map(|u| NodeHealth {
+                    gpu: u.gpu.clone(),
+                    up: up(u),
+                    in_flight: u.in_flight(),
+                })
+                .collect()
+        }),
     }
 }

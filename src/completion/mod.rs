@@ -43,18 +43,19 @@ pub const X_MAX_TOKENS_CLAMPED: HeaderName = HeaderName::from_static("x-acs-max-
     tag = "completions",
     request_body(content = crate::openapi::CompletionRequestDoc, content_type = "application/json"),
     responses(
-        (status = 200, description = "A text_completion object (JSON), or an SSE stream of them when `stream` is true; passed through verbatim from vLLM.",
+        (status = 200, description = "A text_completion object (JSON), or an SSE stream of them when `stream` is true; passed through verbatim from vLLM. After a confirmed cold boot of a sleeping model, the 200 is sent at once and the connection kept alive (`: booting` SSE comment lines, or leading spaces before the JSON) until the answer flows; an error after that point arrives in the body as the error envelope (JSON), or as an SSE `data:` event with the envelope followed by `data: [DONE]`, without `X-Acs-Upstream-Error-Kind`.",
             headers(
                 ("X-Request-Id" = String, description = "Trace id of this request; also `request_id` in error bodies."),
                 ("X-Acs-Upstream-Model" = String, description = "The checkpoint that served the request."),
                 ("X-Acs-Upstream-Gpu" = String, description = "The GPU node that served the request."),
-                ("X-Acs-Max-Tokens-Clamped" = String, description = "Present when max_tokens was reduced to fit the key's budget: `requested=N,applied=M,reason=budget,source=client|default` (`default`: you omitted max_tokens and N is the injected default)."),
+                ("X-Acs-Max-Tokens-Clamped" = String, description = "Present when max_tokens was reduced: `requested=N,applied=M,reason=budget|deadline|deadline+budget,source=client|default`. `budget`: to fit the key's budget; `deadline`: you omitted max_tokens on a non-streaming request and the default was cut to what can finish inside the request window (send stream=true to keep the full default); `default`: N is the injected default."),
             ),
             content(
                 (crate::openapi::CompletionResponseDoc = "application/json"),
                 (String = "text/event-stream"),
             )),
-        (status = 400, description = "Invalid request: `invalid_request`, `model_not_found`, `full_vocab_prompt_too_long`, or `upstream_bad_request` (the model server rejected it, e.g. context length; with `X-Acs-Upstream-Error-Kind`).", body = crate::openapi::ErrorEnvelopeDoc),
+        (status = 400, description = "Invalid request: `invalid_request`, `model_not_found`, `full_vocab_prompt_too_long`, `deadline_infeasible` (a non-streaming request whose max_tokens cannot finish inside the request window; with `X-Should-Retry: false` — send stream=true), or `upstream_bad_request` (the model server rejected it, e.g. context length; with `X-Acs-Upstream-Error-Kind`).", body = crate::openapi::ErrorEnvelopeDoc,
+            headers(("X-Should-Retry" = String, description = "`false` on `deadline_infeasible`."))),
         (status = 401, description = "`invalid_api_key`: missing, malformed, unknown or revoked key.", body = crate::openapi::ErrorEnvelopeDoc),
         (status = 413, description = "`request_too_large`: body over the limit. Carries `X-Should-Retry: false`.", body = crate::openapi::ErrorEnvelopeDoc,
             headers(("X-Should-Retry" = String, description = "`false`: a retry cannot succeed."))),
@@ -63,15 +64,20 @@ pub const X_MAX_TOKENS_CLAMPED: HeaderName = HeaderName::from_static("x-acs-max-
                 ("Retry-After" = u32, description = "Seconds to wait; for `budget_exceeded`, until the budget resets."),
                 ("X-Should-Retry" = String, description = "`false` on `budget_exceeded`."),
             )),
-        (status = 502, description = "`upstream_error`: the model server failed. Carries `Retry-After` and `X-Acs-Upstream-Error-Kind`.", body = crate::openapi::ErrorEnvelopeDoc,
+        (status = 502, description = "`upstream_error`: the model server failed (a 5xx, or it stopped answering mid-request). A request that provably never started on a node (connection refused or reset before any response, or a 503) is retried once on another node before this is returned. Carries `Retry-After` and `X-Acs-Upstream-Error-Kind`.", body = crate::openapi::ErrorEnvelopeDoc,
             headers(
                 ("Retry-After" = u32, description = "Seconds to wait before retrying."),
                 ("X-Acs-Upstream-Error-Kind" = String, description = "Mirrors `error.code`."),
             )),
-        (status = 503, description = "`upstream_unavailable`: no model server could be reached (with `X-Acs-Upstream-Error-Kind`); or `admission_unavailable`: the shared limit counters cannot be reached, so nothing may start. Both carry `Retry-After`.", body = crate::openapi::ErrorEnvelopeDoc,
+        (status = 503, description = "`upstream_unavailable`: no node of the model is up or reachable, a sleeping model could not be woken, or every node is at capacity and the fleet queue is full or timed out (with `X-Acs-Upstream-Error-Kind`); or `admission_unavailable`: the shared limit counters cannot be reached, so nothing may start. Both carry `Retry-After`.", body = crate::openapi::ErrorEnvelopeDoc,
             headers(
                 ("Retry-After" = u32, description = "Seconds to wait before retrying."),
                 ("X-Acs-Upstream-Error-Kind" = String, description = "Mirrors `error.code`."),
+            )),
+        (status = 504, description = "`upstream_deadline`: the model server did not finish a non-streaming request inside the request window; the generation was stopped. `X-Should-Retry: false` and no `Retry-After`: the same request would time out again (send stream=true or lower max_tokens).", body = crate::openapi::ErrorEnvelopeDoc,
+            headers(
+                ("X-Should-Retry" = String, description = "`false`."),
+                ("X-Acs-Upstream-Error-Kind" = String, description = "`upstream_deadline`."),
             )),
     ),
     security(("bearer" = []))

@@ -1,0 +1,131 @@
+//! `GET /health`: per-model readiness and, with `verbose`, each node's state.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails by panicking"
+)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{CHECKPOINT, Gateway, MODEL, expect_error};
+use fleetgate::mock_vllm::{FailureMode, MockConfig, MockVllm};
+use serde_json::{Value, json};
+
+async fn node() -> MockVllm {
+    MockVllm::start(MockConfig {
+        served_model_name: CHECKPOINT.to_owned(),
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap()
+}
+
+/// A gateway over two nodes (`gpu-a`, `gpu-b`), probing every 50 ms.
+async fn two_nodes() -> (Gateway, MockVllm, MockVllm) {
+    let (a, b) = (node().await, node().await);
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        r#"
+database_url = "sqlite://{db}"
+
+[fleet]
+probe_interval_ms = 50
+probe_timeout_ms = 500
+eject_base_ms = 100
+
+[[models]]
+id = "{MODEL}"
+
+[[models.upstreams]]
+url = "{a}"
+gpu = "gpu-a"
+
+[[models.upstreams]]
+url = "{b}"
+gpu = "gpu-b"
+"#,
+        db = dir.path().join("fleetgate.db").display(),
+        a = a.url(),
+        b = b.url(),
+    );
+    let gw = Gateway::start_config(a.clone(), &toml, dir).await;
+    (gw, a, b)
+}
+
+async fn health(gw: &Gateway, query: &str) -> (u16, Value) {
+    let response = gw
+        .client
+        .get(format!("{}/health{query}", gw.url))
+        .send()
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.json().await.unwrap())
+}
+
+/// Polls `/health?verbose` until the model has `up` nodes up (bounded).
+async fn wait_nodes_up(gw: &Gateway, up: u64) -> Value {
+    let polled = async {
+        loop {
+            let (_, body) = health(gw, "?verbose=true").await;
+            if body["models"][0]["nodes_up"] == up {
+                return body;
+            }
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), polled)
+        .await
+        .unwrap_or_else(|_| panic!("the model never had {up} nodes up"))
+}
+
+#[tokio::test]
+async fn health_reports_each_model_and_verbose_each_node() {
+    let (gw, a, b) = two_nodes().await;
+    let (status, body) = health(&gw, "").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        body,
+        json!({"status": "ok", "store": true, "models": [
+            {"id": MODEL, "ready": true, "asleep": false, "nodes_up": 2, "nodes": 2, "queued": 0}
+        ]})
+    );
+
+    a.set_failure(FailureMode::Refuse);
+    let body = wait_nodes_up(&gw, 1).await;
+    assert_eq!(body["status"], "ok", "one node up is enough to be ready");
+    assert_eq!(
+        body["models"][0]["upstreams"],
+        json!([{"gpu": "gpu-a", "up": false, "in_flight": 0}, {"gpu": "gpu-b", "up": true, "in_flight": 0}])
+    );
+
+    b.set_failure(FailureMode::Refuse);
+    let body = wait_nodes_up(&gw, 0).await;
+    assert_eq!(body["models"][0]["ready"], false);
+    assert_eq!(body["status"], "degraded");
+    let (status, _) = health(&gw, "").await;
+    assert_eq!(
+        status, 200,
+        "a model without nodes does not fail the gateway's own health"
+    );
+
+    // Restarted nodes are re-admitted by the probes.
+    a.set_failure(FailureMode::None);
+    b.set_failure(FailureMode::None);
+    let body = wait_nodes_up(&gw, 2).await;
+    assert_eq!(body["status"], "ok");
+}
+
+#[tokio::test]
+async fn health_rejects_a_malformed_verbose_flag() {
+    let gw = Gateway::start().await;
+    let response = gw
+        .client
+        .get(format!("{}/health?verbose=yes", gw.url))
+        .send()
+        .await
+        .unwrap();
+    expect_error(response, 400, "invalid_request").await;
+}
