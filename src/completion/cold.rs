@@ -32,6 +32,7 @@ use crate::completion::settle::Settlement;
 use crate::error::ApiError;
 use crate::fleet::Model;
 use crate::http::envelope::envelope_json;
+use crate::http::request_record::RequestRecord;
 
 /// Waits until a woken model has a node up, at most its boot timeout.
 pub async fn wait_booted(model: &Model) -> Result<(), ApiError> {
@@ -88,6 +89,9 @@ async fn run(
     request_id: String,
     tx: mpsc::Sender<io::Result<Bytes>>,
 ) {
+    // The metadata row stays open until the outcome is known, so that an in-body error
+    // is recorded with its code.
+    let record = RecordHold::new(settlement.record().clone());
     let keep_alive = KeepAlive {
         tx: &tx,
         every: std::time::Duration::from_millis(pending.state.config().fleet.keepalive_interval_ms),
@@ -99,6 +103,7 @@ async fn run(
         draining: pending.state.draining().clone(),
     };
     let fail = |err: ApiError| {
+        record.0.set_in_body_error(err.code());
         tracing::warn!(request_id = %request_id, code = err.code(), "request failed after a confirmed cold boot; the error goes into the 200 body");
         let bytes = in_body_error(&err, &request_id, pending.stream);
         let tx = tx.clone();
@@ -160,6 +165,22 @@ fn in_body_error(err: &ApiError, request_id: &str, stream: bool) -> Bytes {
     event.extend_from_slice(&json);
     event.extend_from_slice(b"\n\ndata: [DONE]\n\n");
     Bytes::from(event)
+}
+
+/// Holds a request's metadata row open while it lives.
+struct RecordHold(RequestRecord);
+
+impl RecordHold {
+    fn new(record: RequestRecord) -> Self {
+        record.hold();
+        Self(record)
+    }
+}
+
+impl Drop for RecordHold {
+    fn drop(&mut self) {
+        self.0.release();
+    }
 }
 
 struct KeepAlive<'a> {

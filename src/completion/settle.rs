@@ -82,6 +82,11 @@ impl Settlement {
         }
     }
 
+    /// The request's metadata row.
+    pub fn record(&self) -> &RequestRecord {
+        &self.record
+    }
+
     pub fn grant(&self) -> &Grant {
         &self.grant
     }

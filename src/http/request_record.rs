@@ -69,6 +69,11 @@ impl RequestRecord {
         open.row.completion_tokens = Some(completion_tokens);
     }
 
+    /// An error that went into the body of a 200 already sent (after a cold boot).
+    pub fn set_in_body_error(&self, code: &str) {
+        self.lock().row.error_code = Some(code.to_owned());
+    }
+
     /// Keeps the record open until [`RequestRecord::release`] is called again (by the
     /// body that is still streaming).
     pub fn hold(&self) {

@@ -4,7 +4,9 @@ import openai
 import pytest
 from openai import OpenAI
 
-from conftest import CHECKPOINT
+import urllib.request
+
+from conftest import CHECKPOINT, DEADLINE_FIT
 
 
 @pytest.fixture()
@@ -89,4 +91,48 @@ def test_request_id_header_and_bad_key(gateway):
 def test_models_list(client):
     models = client.models.list()
     ids = [m.id for m in models.data]
-    assert ids == ["llama-8b"]
+    assert ids == ["llama-8b", "slow"]
+
+
+def test_an_omitted_max_tokens_is_cut_to_the_request_window(client):
+    raw = client.completions.with_raw_response.create(model="llama-8b", prompt="Hi")
+    clamp = raw.headers["x-acs-max-tokens-clamped"]
+    assert f"applied={DEADLINE_FIT},reason=deadline,source=default" in clamp
+    assert raw.parse().usage.completion_tokens == DEADLINE_FIT
+
+
+def test_deadline_infeasible_tells_the_sdk_not_to_retry(client):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="llama-8b", prompt="Hi", max_tokens=DEADLINE_FIT + 1)
+    assert err.value.code == "deadline_infeasible"
+    assert err.value.response.headers["x-should-retry"] == "false"
+    assert "stream" in err.value.message
+    # The same max_tokens streams fine.
+    chunks = list(client.completions.create(
+        model="llama-8b", prompt="Hi", max_tokens=DEADLINE_FIT + 1, stream=True))
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def _deadline_overruns(gateway):
+    """fleetgate_upstream_requests_total of the slow node with outcome="deadline"."""
+    with urllib.request.urlopen(gateway["root"] + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    for line in text.splitlines():
+        if line.startswith("fleetgate_upstream_requests_total{") and 'gpu="gpu-slow"' in line \
+                and 'outcome="deadline"' in line:
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
+
+
+def test_upstream_deadline_is_a_504_the_sdk_does_not_retry(gateway):
+    # The SDK's default: up to two retries of a 5xx, unless the response says not to.
+    client = OpenAI(base_url=gateway["base_url"], api_key=gateway["key"], max_retries=2)
+    before = _deadline_overruns(gateway)
+    with pytest.raises(openai.InternalServerError) as err:
+        # 100 tokens at 50 ms each: 5 s, over the 2 s window.
+        client.completions.create(model="slow", prompt="Hi", max_tokens=100)
+    assert err.value.status_code == 504
+    assert err.value.code == "upstream_deadline"
+    assert err.value.response.headers["x-should-retry"] == "false"
+    assert "retry-after" not in err.value.response.headers
+    assert _deadline_overruns(gateway) == before + 1, "sent upstream once: no retry"
