@@ -64,6 +64,7 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     state.discover_upstreams().await;
     let prober = tokio::spawn(crate::fleet::prober::run(state.clone()));
+    let keep_warm = tokio::spawn(crate::fleet::prober::keep_warm(state.clone()));
     let grace = Duration::from_millis(state.config().shutdown_grace_ms);
     let tasks = state.tasks().clone();
     let draining = state.draining().clone();
@@ -108,6 +109,7 @@ pub async fn serve(
         }
     }
     prober.abort();
+    keep_warm.abort();
     // Settlements of the last requests (ledger rows, released slots).
     tasks.close();
     tasks.wait().await;

@@ -223,7 +223,12 @@ async fn forward(
     let body = Bytes::from(request.upstream_body(&facts.served.name, send_max_tokens));
     let clamp = clamp_header(&plan, applied, budget_clamped);
     if !model.is_up() && model.sleep.can_wake() {
-        // Woken above and still booting: commit a 200 and keep the client company.
+        // Booting (woken above, or joining a boot under way if the nodes went down
+        // since): commit a 200 and keep the client company.
+        if let Err(err) = model.wake(state.upstream()).await {
+            settlement.release_unused().await;
+            return Err(err);
+        }
         let pending = cold::Pending {
             state: state.clone(),
             model_id: model.id.clone(),

@@ -1,8 +1,9 @@
 //! Active health probes: every `fleet.probe_interval_ms`, each node that is up (and
 //! each ejected node whose back-off has passed) is asked `GET /health` and
 //! `GET /v1/models`, within `fleet.probe_timeout_ms`. A node passes when both answer
-//! and it serves the same checkpoint as the model's other nodes. The same loop runs the
-//! keep-warm policy (`wake.rs`).
+//! and it serves the same checkpoint as the model's other nodes. [`keep_warm`] runs the
+//! keep-warm policy (`wake.rs`) on the same beat, in its own task so that a slow sleep
+//! hook never delays a probe.
 
 use std::time::{Duration, Instant};
 
@@ -12,13 +13,18 @@ use tokio::time::MissedTickBehavior;
 use crate::app::AppState;
 use crate::fleet::{Model, Upstream};
 
+/// Every `fleet.probe_interval_ms`, after the first interval (start-up has just asked
+/// every node).
+fn beat(state: &AppState) -> tokio::time::Interval {
+    let every = Duration::from_millis(state.config().fleet.probe_interval_ms);
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    ticks
+}
+
 /// Probes forever; the caller aborts the task on shutdown.
 pub async fn run(state: AppState) {
-    let settings = &state.config().fleet;
-    let mut ticks = tokio::time::interval(Duration::from_millis(settings.probe_interval_ms));
-    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    // The first tick is immediate, and start-up has just asked every node.
-    ticks.tick().await;
+    let mut ticks = beat(&state);
     loop {
         ticks.tick().await;
         let now = Instant::now();
@@ -31,6 +37,14 @@ pub async fn run(state: AppState) {
                 .map(move |upstream| probe(state, model, upstream))
         });
         join_all(probes).await;
+    }
+}
+
+/// Puts idle models to sleep, forever; the caller aborts the task on shutdown.
+pub async fn keep_warm(state: AppState) {
+    let mut ticks = beat(&state);
+    loop {
+        ticks.tick().await;
         let sleeps = state
             .fleet()
             .models()
