@@ -135,6 +135,16 @@ pub fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(health::health))
 }
 
+/// The ops listener's routes: `/metrics` and `/health`, nothing else.
+pub fn build_ops_router(state: AppState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics::scrape))
+        .route("/health", get(health::health))
+        .fallback(fallback::not_found)
+        .layer(middleware::from_fn(envelope::envelope))
+        .with_state(state)
+}
+
 pub fn build_router(state: AppState) -> Router {
     let (v1, _) = v1_routes()
         .route_layer(middleware::from_fn_with_state(

@@ -23,6 +23,10 @@ pub struct Config {
     /// Address the gateway listens on.
     #[serde(default = "default_listen")]
     pub listen: SocketAddr,
+    /// A second listener with only `GET /metrics` and `GET /health`, e.g. on an
+    /// internal interface for the scraper (both stay on `listen` too).
+    #[serde(default)]
+    pub ops_listen: Option<SocketAddr>,
     /// `sqlite://path/file.db` (created if missing) or `postgres://user@host/db`.
     #[serde(default = "default_database_url")]
     pub database_url: String,

@@ -5,6 +5,7 @@ use std::future::{Future, IntoFuture};
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
@@ -69,6 +70,10 @@ pub async fn serve(
     let tasks = state.tasks().clone();
     let draining = state.draining().clone();
     let request_log = state.request_log().clone();
+    let ops = match state.config().ops_listen {
+        Some(address) => Some(serve_ops(&state, address).await?),
+        None => None,
+    };
     let router = build_router(state);
     // Without TCP_NODELAY a streamed response's small writes (headers, then each
     // chunk) wait on the client's delayed ACK: ~40 ms added to every request.
@@ -110,6 +115,9 @@ pub async fn serve(
     }
     prober.abort();
     keep_warm.abort();
+    if let Some(ops) = ops {
+        ops.abort();
+    }
     // Settlements of the last requests (ledger rows, released slots).
     tasks.close();
     tasks.wait().await;
@@ -120,6 +128,23 @@ pub async fn serve(
         "request log closed"
     );
     Ok(())
+}
+
+/// Serves `/metrics` and `/health` on the ops listener until aborted.
+async fn serve_ops(
+    state: &AppState,
+    address: std::net::SocketAddr,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let listener = TcpListener::bind(address)
+        .await
+        .with_context(|| format!("binding the ops listener {address}"))?;
+    tracing::info!(address = %listener.local_addr()?, "fleetgate ops listening");
+    let router = crate::app::build_ops_router(state.clone());
+    Ok(tokio::spawn(async move {
+        if let Err(err) = axum::serve(listener, router).await {
+            tracing::error!(error = %err, "the ops listener failed");
+        }
+    }))
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

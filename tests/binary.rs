@@ -373,3 +373,47 @@ async fn json_logs_carry_one_line_per_request_without_prompt_or_key() {
         "completion text in the log"
     );
 }
+
+#[tokio::test]
+async fn the_ops_listener_serves_only_metrics_and_health() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_mock, upstream) = start_mock(&[]);
+    let config = write_config(dir.path(), &upstream);
+    let mut child = Command::new(FLEETGATE)
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env("FLEETGATE_OPS_LISTEN", "127.0.0.1:0")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let _server = Proc(child);
+    let ops = wait_for_line(stderr, "ops".into(), |line| {
+        line.contains("fleetgate ops listening")
+            .then(|| {
+                line.split("address=")
+                    .nth(1)?
+                    .split_whitespace()
+                    .next()
+                    .map(str::to_owned)
+            })
+            .flatten()
+    });
+    let client = reqwest::Client::new();
+    let get = |path: &str| client.get(format!("http://{ops}{path}")).send();
+    let metrics = get("/metrics").await.unwrap();
+    assert_eq!(metrics.status(), 200);
+    let text = metrics.text().await.unwrap();
+    assert!(
+        text.contains(r#"fleetgate_upstream_up{model="llama-8b",gpu="gpu-a"} 1"#),
+        "{text}"
+    );
+    let health: serde_json::Value = get("/health").await.unwrap().json().await.unwrap();
+    assert_eq!(health["models"][0]["ready"], true);
+    let completions = get("/v1/models").await.unwrap();
+    assert_eq!(
+        completions.status(),
+        404,
+        "the API is not on the ops listener"
+    );
+}
