@@ -105,6 +105,31 @@ impl UpstreamClient {
         }
     }
 
+    /// `GET /metrics`: the node's own queue and KV-cache use.
+    pub async fn node_load(
+        &self,
+        upstream: &Upstream,
+    ) -> Result<crate::fleet::load::NodeLoad, UpstreamError> {
+        let unreachable = |source| UpstreamError::Unreachable {
+            url: upstream.url.clone(),
+            source,
+        };
+        let response = self
+            .http
+            .get(format!("{}/metrics", upstream.url))
+            .send()
+            .await
+            .map_err(unreachable)?;
+        if !response.status().is_success() {
+            return Err(UpstreamError::Unexpected {
+                url: upstream.url.clone(),
+                what: format!("{} on GET /metrics", response.status()),
+            });
+        }
+        let text = response.text().await.map_err(unreachable)?;
+        Ok(crate::fleet::load::NodeLoad::parse(&text))
+    }
+
     /// `POST` to a model's wake or sleep hook; `Ok` on a 2xx answer.
     pub async fn call_hook(&self, url: &str, timeout: Duration) -> Result<(), UpstreamError> {
         let response = self

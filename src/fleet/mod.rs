@@ -12,6 +12,7 @@
 //! `/v1/models`, at start-up and by every probe.
 
 pub mod health;
+pub mod load;
 pub mod prober;
 pub mod wake;
 
@@ -62,6 +63,8 @@ pub struct Upstream {
     /// Requests sent to this upstream and not yet settled.
     in_flight: AtomicUsize,
     pub health: Health,
+    /// What the node last reported about its own queue and KV cache.
+    pub reported: load::Reported,
     /// The model's `freed`.
     freed: Arc<Notify>,
     served: RwLock<Option<Arc<Served>>>,
@@ -321,6 +324,7 @@ impl Upstream {
             max_in_flight: config.max_in_flight.map(|m| m as usize),
             in_flight: AtomicUsize::new(0),
             health: Health::new(backoff),
+            reported: load::Reported::default(),
             freed,
             served: RwLock::new(None),
         })
@@ -355,11 +359,16 @@ impl Upstream {
         self.freed.notify_waiters();
     }
 
-    /// Whether this upstream is less loaded than `other`, weights considered
-    /// (`in_flight / weight`, compared without division).
+    /// Whether this upstream is less loaded than `other`: requests in flight from here
+    /// plus those waiting in the node's own queue (which counts other replicas' too),
+    /// over the weight (compared without division); on a tie, the emptier KV cache.
     fn lighter_than(&self, other: &Upstream) -> bool {
-        let load = |u: &Upstream, w: u32| u.in_flight() as u128 * u128::from(w);
-        load(self, other.weight) < load(other, self.weight)
+        let load = |u: &Upstream, w: u32| {
+            (u.in_flight() as u128 + u128::from(u.reported.waiting())) * u128::from(w)
+        };
+        let (mine, theirs) = (load(self, other.weight), load(other, self.weight));
+        mine < theirs
+            || (mine == theirs && self.reported.kv_permille() < other.reported.kv_permille())
     }
 
     pub fn served(&self) -> Option<Arc<Served>> {
@@ -372,5 +381,52 @@ impl Upstream {
             *slot = Some(Arc::clone(&served));
         }
         served
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use load::NodeLoad;
+
+    fn node(weight: u32) -> Arc<Upstream> {
+        let config = UpstreamConfig {
+            url: "http://127.0.0.1:1".into(),
+            gpu: "g".into(),
+            weight,
+            max_in_flight: None,
+        };
+        let backoff = Backoff {
+            base: Duration::from_secs(1),
+            max: Duration::from_secs(1),
+        };
+        Upstream::new(&config, backoff, Arc::new(Notify::new()))
+    }
+
+    #[test]
+    fn the_lighter_node_counts_its_own_queue_weight_and_kv_cache() {
+        let (a, b) = (node(1), node(1));
+        let _busy = a.try_start();
+        assert!(b.lighter_than(&a), "fewer in flight");
+        b.reported.set(NodeLoad {
+            waiting: 2,
+            kv_cache_usage: 0.0,
+        });
+        assert!(
+            a.lighter_than(&b),
+            "two waiting in vLLM's queue outweigh one in flight"
+        );
+        let heavy = node(3);
+        let _three: Vec<_> = (0..3).map(|_| heavy.try_start()).collect();
+        assert!(
+            !heavy.lighter_than(&a) && !a.lighter_than(&heavy),
+            "3/3 = 1/1"
+        );
+        let (c, d) = (node(1), node(1));
+        c.reported.set(NodeLoad {
+            waiting: 0,
+            kv_cache_usage: 0.9,
+        });
+        assert!(d.lighter_than(&c), "a tie goes to the emptier KV cache");
     }
 }

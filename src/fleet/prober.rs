@@ -1,7 +1,9 @@
 //! Active health probes: every `fleet.probe_interval_ms`, each node that is up (and
 //! each ejected node whose back-off has passed) is asked `GET /health` and
 //! `GET /v1/models`, within `fleet.probe_timeout_ms`. A node passes when both answer
-//! and it serves the same checkpoint as the model's other nodes. [`keep_warm`] runs the
+//! and it serves the same checkpoint as the model's other nodes. A node that passes is
+//! also asked `GET /metrics` for its queue and KV-cache use (`load.rs`), which inform
+//! the pick. [`keep_warm`] runs the
 //! keep-warm policy (`wake.rs`) on the same beat, in its own task so that a slow sleep
 //! hook never delays a probe.
 
@@ -76,6 +78,11 @@ async fn probe(state: &AppState, model: &Model, upstream: &Upstream) {
                 served.name, expected.name
             ),
             _ => {
+                // Optional: a node without metrics just counts as reporting no load.
+                let load = tokio::time::timeout(timeout, client.node_load(upstream)).await;
+                upstream
+                    .reported
+                    .set(load.ok().and_then(Result::ok).unwrap_or_default());
                 if upstream.health.probe_succeeded(Instant::now()) {
                     tracing::info!(model = %model.id, gpu = %upstream.gpu, "node is up again");
                     upstream.announce_up();
