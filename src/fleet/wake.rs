@@ -121,9 +121,13 @@ impl Model {
         Ok(())
     }
 
-    /// The boot is over (a node came up): a later outage calls the hook again.
+    /// The boot is over (a node came up): a later outage calls the hook again. The
+    /// requests that waited for the boot are about to run: that counts as activity, so
+    /// the keep-warm policy does not put the model back to sleep before they start.
     pub async fn boot_done(&self) {
-        *self.sleep.booting.lock().await = None;
+        if self.sleep.booting.lock().await.take().is_some() {
+            self.sleep.activity().last_request = Instant::now();
+        }
     }
 
     /// Puts the model to sleep if it has a sleep hook and the keep-warm policy allows.
@@ -140,6 +144,10 @@ impl Model {
         }
         // Holding the boot lock: no wake interleaves with the sleep.
         let mut booting = self.sleep.booting.lock().await;
+        if booting.is_some_and(|started| started.elapsed() < self.sleep.boot_timeout) {
+            // A boot is under way: requests wait for it without being in flight yet.
+            return;
+        }
         match client.call_hook(url, HOOK_TIMEOUT).await {
             Ok(()) => {
                 tracing::info!(model = %self.id, "idle model put to sleep");
