@@ -632,7 +632,6 @@ async fn a_wake_hook_that_fails_is_a_plain_503() {
 }
 
 #[tokio::test]
-#[ignore = "known bug: Facts::learn (src/completion/mod.rs) calls the wake hook before planning and admission"]
 async fn requests_refused_by_planning_or_admission_do_not_wake_the_model() {
     // A wake hook that fails: a request that woke the model would get its 503 instead
     // of the refusal it deserves, and every such request calls the hook again.

@@ -129,9 +129,10 @@ struct Facts {
 impl Facts {
     /// Asks a node that is up (any node of the model can say what it serves and count
     /// tokens; the node that runs the request is picked once it is admitted). When none
-    /// is up, a model with a wake hook is woken: if the model's checkpoint is known
-    /// from before, planning goes on without a node; if not, the request waits for the
-    /// boot here, before anything is sent to the client.
+    /// is up and the model has a wake hook: if its checkpoint is known from before,
+    /// planning goes on without a node (the wake follows admission); if not, the model
+    /// is woken and the request waits for the boot here, before anything is sent to
+    /// the client.
     async fn learn(state: &AppState, model: &Model) -> Result<Self, ApiError> {
         if let Some(facts) = Self::ask_nodes(state, model).await? {
             return Ok(facts);
@@ -139,10 +140,12 @@ impl Facts {
         if !model.sleep.can_wake() {
             return Err(NoNode::NoneUp.into_error(&model.id));
         }
-        model.wake(state.upstream()).await?;
+        // Known from before: plan and admit first, and wake only a request that may run
+        // (`forward`), so a refused request never boots a GPU.
         if let Some(served) = model.served() {
             return Ok(Self { node: None, served });
         }
+        model.wake(state.upstream()).await?;
         Self::after_boot(state, model).await
     }
 
@@ -223,8 +226,8 @@ async fn forward(
     let body = Bytes::from(request.upstream_body(&facts.served.name, send_max_tokens));
     let clamp = clamp_header(&plan, applied, budget_clamped);
     if !model.is_up() && model.sleep.can_wake() {
-        // Booting (woken above, or joining a boot under way if the nodes went down
-        // since): commit a 200 and keep the client company.
+        // Wake it (or join the boot under way), then commit a 200 and keep the client
+        // company while it boots.
         if let Err(err) = model.wake(state.upstream()).await {
             settlement.release_unused().await;
             return Err(err);
