@@ -80,12 +80,14 @@ pub(crate) async fn models(State(shared): State<Arc<Shared>>) -> Response {
     json_response(StatusCode::OK, &json!({"object": "list", "data": [card]}))
 }
 
-/// `POST /tokenize`, completion form only (`prompt` must be a string; no length check).
+/// `POST /tokenize`, completion form only (`prompt` must be a string; no length check);
+/// received, then no answer in the `Hang` mode.
 pub(crate) async fn tokenize(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     let received = match receive(&shared, request).await {
         Ok(r) => r,
         Err(response) => return response,
     };
+    shared.hang_if_wedged().await;
     match tokenize_body(&shared, &received) {
         Ok(value) => json_response(StatusCode::OK, &value),
         Err(e) => e.into_response(),

@@ -74,8 +74,8 @@ pub enum FailureMode {
     Refuse,
     /// Every /v1/completions answers 500 with vLLM's error envelope; /health answers 503.
     Status500,
-    /// A wedged server: accept requests on /v1/completions, /health and /v1/models and
-    /// never answer them (until the client goes away).
+    /// A wedged server: accept requests on /v1/completions, /tokenize, /health and
+    /// /v1/models and never answer them (until the client goes away).
     Hang,
     /// Streams: send `after_chunks` SSE data frames, then drop the connection without
     /// `[DONE]`. Non-stream: send part of the body, then drop the connection.
