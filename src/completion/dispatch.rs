@@ -65,6 +65,18 @@ pub async fn dispatch(
         let metrics = state.metrics().upstream(&model.id, &upstream.gpu);
         settlement.hold_in_flight(in_flight, metrics.in_flight());
         let lost = upstream.lost();
+        if lost.is_cancelled() {
+            // Found dead between the pick and now: never sent, so another node may run
+            // it (once, like any failover).
+            if failed.is_some() {
+                return Err(Failed {
+                    error: stopped_answering(),
+                    upstream: Some(upstream),
+                });
+            }
+            failed = Some((upstream, stopped_answering()));
+            continue;
+        }
         let sent = Instant::now();
         let call = state.upstream().send_completion(&upstream, body.clone());
         let answer = tokio::select! {
@@ -72,11 +84,7 @@ pub async fn dispatch(
             () = lost.cancelled() => {
                 metrics.outcome(UpstreamOutcome::Unreachable);
                 return Err(Failed {
-                    error: ApiError::UpstreamRejected {
-                        status: StatusCode::BAD_GATEWAY,
-                        kind: "upstream_error",
-                        message: "The model server stopped answering. Retry shortly.".into(),
-                    },
+                    error: stopped_answering(),
                     upstream: Some(upstream),
                 });
             }
@@ -122,6 +130,15 @@ pub async fn dispatch(
         }
         tracing::info!(model = %model.id, gpu = %upstream.gpu, "request never started on the node; failing over");
         failed = Some((upstream, never_started));
+    }
+}
+
+/// 502: the node was found dead (a failed probe) while the request was on it.
+pub fn stopped_answering() -> ApiError {
+    ApiError::UpstreamRejected {
+        status: StatusCode::BAD_GATEWAY,
+        kind: "upstream_error",
+        message: "The model server stopped answering. Retry shortly.".into(),
     }
 }
 

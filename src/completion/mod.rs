@@ -19,6 +19,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use tokio_util::sync::CancellationToken;
 
 use crate::admission::KeyLimits;
 use crate::app::AppState;
@@ -195,6 +196,8 @@ async fn forward(
 ) -> Result<Response, ApiError> {
     let window =
         (!request.stream()).then(|| Duration::from_millis(state.config().fleet.request_window_ms));
+    // Each node found dead while counting tokens is replaced once by another.
+    let mut attempts = model.upstreams().len() + 1;
     let plan = loop {
         let planner = Planner {
             client: state.upstream(),
@@ -202,12 +205,22 @@ async fn forward(
             served: &facts.served,
             deadline: window.map(|w| DeadlineFit::new(w, model.decode_tokens_per_second)),
         };
-        match planner.plan(request).await {
+        let lost = facts.node.as_ref().map(|node| node.lost());
+        let planned = tokio::select! {
+            planned = planner.plan(request) => planned,
+            () = cancelled(lost.as_ref()) => Err(PlanError::NodeLost),
+        };
+        match planned {
             Ok(plan) => break plan,
             Err(PlanError::Refused(err)) => return Err(err),
             // Counting needs the booting model's tokenizer: nothing has been sent to
             // the client yet, so wait for the boot here.
             Err(PlanError::NoNodeToCount) => facts = Facts::after_boot(state, model).await?,
+            Err(PlanError::NodeLost) if attempts > 1 => {
+                attempts -= 1;
+                facts = Facts::learn(state, model).await?;
+            }
+            Err(PlanError::NodeLost) => return Err(dispatch::stopped_answering()),
         }
     };
     let limits = KeyLimits::resolve(&state.config().limits, &caller.limits);
@@ -263,6 +276,14 @@ async fn forward(
         headers.insert(X_MAX_TOKENS_CLAMPED, clamp);
     }
     Ok(response)
+}
+
+/// Resolves when `token` is cancelled; never without one.
+async fn cancelled(token: Option<&CancellationToken>) {
+    match token {
+        Some(token) => token.cancelled().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// `X-Acs-Max-Tokens-Clamped` when the request window or the budget cut `max_tokens`.

@@ -61,6 +61,8 @@ pub enum PlanError {
     Refused(ApiError),
     /// A token count is needed and no node of the model is up to count it.
     NoNodeToCount,
+    /// The node counting the tokens was found dead (by the caller, which watches it).
+    NodeLost,
 }
 
 impl From<ApiError> for PlanError {

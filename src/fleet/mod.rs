@@ -82,7 +82,9 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.0.freed.notify_one();
+        // Every waiter looks again: one woken alone might be a failover that must avoid
+        // this very node, while another could have used the slot.
+        self.0.freed.notify_waiters();
     }
 }
 
