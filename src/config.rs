@@ -14,6 +14,9 @@ use serde::Deserialize;
 /// Environment variables that are read elsewhere and are not configuration keys.
 const ENV_NOT_CONFIG: &[&str] = &["config"];
 
+/// The longest duration any `*_ms` setting may have: 7 days.
+const MAX_DURATION_MS: u64 = 7 * 24 * 3_600_000;
+
 /// The largest `logprobs` the contract allows at all; a model's cap may be lower.
 pub const LOGPROBS_LIMIT: u32 = 100;
 
@@ -447,6 +450,30 @@ impl Config {
             return invalid(
                 "fleet.probe_interval_ms, probe_timeout_ms, eject_base_ms, request_window_ms and keepalive_interval_ms must be at least 1".into(),
             );
+        }
+        let durations = [
+            ("shutdown_grace_ms", self.shutdown_grace_ms),
+            ("fleet.probe_interval_ms", fleet.probe_interval_ms),
+            ("fleet.probe_timeout_ms", fleet.probe_timeout_ms),
+            ("fleet.eject_base_ms", fleet.eject_base_ms),
+            ("fleet.eject_max_ms", fleet.eject_max_ms),
+            ("fleet.queue_timeout_ms", fleet.queue_timeout_ms),
+            ("fleet.request_window_ms", fleet.request_window_ms),
+            ("fleet.keepalive_interval_ms", fleet.keepalive_interval_ms),
+        ];
+        let model_durations = self.models.iter().flat_map(|m| {
+            [
+                ("models.boot_timeout_ms", m.boot_timeout_ms),
+                ("models.keep_warm_ms", m.keep_warm_ms),
+                ("models.idle_sleep_ms", m.idle_sleep_ms),
+            ]
+        });
+        for (name, ms) in durations.into_iter().chain(model_durations) {
+            if ms > MAX_DURATION_MS {
+                return invalid(format!(
+                    "{name} must be at most {MAX_DURATION_MS} (7 days; got {ms})"
+                ));
+            }
         }
         if fleet.eject_max_ms < fleet.eject_base_ms {
             return invalid("fleet.eject_max_ms must be at least fleet.eject_base_ms".into());

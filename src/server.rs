@@ -56,6 +56,8 @@ pub async fn prepare(config: Config) -> anyhow::Result<AppState> {
 
 /// After the grace period, how long the cut connections get to close.
 const DRAIN_CUT_WAIT: Duration = Duration::from_secs(2);
+/// After the server has stopped, how long the last settlements get to finish.
+const SETTLE_WAIT: Duration = Duration::from_secs(10);
 
 /// Serves on `listener` until `shutdown` resolves, then lets in-flight requests finish.
 pub async fn serve(
@@ -118,9 +120,18 @@ pub async fn serve(
     if let Some(ops) = ops {
         ops.abort();
     }
-    // Settlements of the last requests (ledger rows, released slots).
+    // Settlements of the last requests (ledger rows, released slots); bounded, so that
+    // nothing can keep the process from exiting.
     tasks.close();
-    tasks.wait().await;
+    if tokio::time::timeout(SETTLE_WAIT, tasks.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            wait_ms = SETTLE_WAIT.as_millis() as u64,
+            "some request tasks did not finish after shutdown; exiting anyway"
+        );
+    }
     let stats = request_log.close().await;
     tracing::info!(
         written = stats.written,

@@ -130,8 +130,13 @@ impl UpstreamClient {
         Ok(crate::fleet::load::NodeLoad::parse(&text))
     }
 
-    /// `POST` to a model's wake or sleep hook; `Ok` on a 2xx answer.
+    /// `POST` to a model's wake or sleep hook; `Ok` on a 2xx answer. Errors name the
+    /// hook by scheme, host and port only: its path, query or user info may carry a
+    /// token.
     pub async fn call_hook(&self, url: &str, timeout: Duration) -> Result<(), UpstreamError> {
+        let shown = reqwest::Url::parse(url)
+            .map(|u| u.origin().ascii_serialization())
+            .unwrap_or_else(|_| "the hook".to_owned());
         let response = self
             .http
             .post(url)
@@ -139,14 +144,14 @@ impl UpstreamClient {
             .send()
             .await
             .map_err(|source| UpstreamError::Unreachable {
-                url: url.to_owned(),
-                source,
+                url: shown.clone(),
+                source: source.without_url(),
             })?;
         if response.status().is_success() {
             Ok(())
         } else {
             Err(UpstreamError::Unexpected {
-                url: url.to_owned(),
+                url: shown,
                 what: format!("{} to the hook", response.status()),
             })
         }
@@ -157,6 +162,12 @@ impl UpstreamClient {
         &self,
         upstream: &Upstream,
     ) -> Result<std::sync::Arc<Served>, UpstreamError> {
+        let served = self.read_served(upstream).await?;
+        Ok(upstream.set_served(served))
+    }
+
+    /// Asks the upstream what it serves (`GET /v1/models`).
+    pub async fn read_served(&self, upstream: &Upstream) -> Result<Served, UpstreamError> {
         let url = format!("{}/v1/models", upstream.url);
         let response =
             self.http
@@ -190,10 +201,10 @@ impl UpstreamClient {
         let max_model_len = card
             .max_model_len
             .ok_or_else(|| unexpected("no max_model_len in /v1/models".into()))?;
-        Ok(upstream.set_served(Served {
+        Ok(Served {
             name: card.id,
             max_model_len,
-        }))
+        })
     }
 
     /// Counts the tokens of a text prompt with the upstream's own tokenizer.

@@ -496,6 +496,33 @@ async fn a_model_never_seen_up_is_held_without_a_byte_until_it_has_booted() {
     assert_eq!(hooks.wakes(), 1);
 }
 
+#[tokio::test]
+async fn a_known_model_whose_prompt_must_be_counted_is_woken_and_held_until_booted() {
+    let (gw, hooks) = start(Setup {
+        on_wake: OnWake::ConfirmOnly,
+        ..Setup::default()
+    })
+    .await;
+    take_node_down(&gw).await;
+    // Known checkpoint, but a text prompt without max_tokens needs the tokenizer: the
+    // request wakes the model and waits for it before anything is sent.
+    let body = json!({"model": MODEL, "prompt": "The capital of France is"}).to_string();
+    let mut request = tokio::spawn(gw.complete(&body).send());
+    hooks.wait_wakes(1).await;
+    let quiet = Duration::from_millis(6 * KEEPALIVE_INTERVAL_MS);
+    assert!(
+        tokio::time::timeout(quiet, &mut request).await.is_err(),
+        "answered before the node was up"
+    );
+
+    gw.mock.set_failure(FailureMode::None);
+    let response = bounded("the answer", request).await.unwrap().unwrap();
+    assert_eq!(response.status(), 200);
+    let json: Value = response.json().await.unwrap();
+    assert_eq!(json["object"], "text_completion");
+    assert_eq!(hooks.wakes(), 1);
+}
+
 // ---------------------------------------------------------------------------------
 // The "200*" case: the boot or the node fails after the 200 was committed.
 

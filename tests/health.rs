@@ -129,3 +129,61 @@ async fn health_rejects_a_malformed_verbose_flag() {
         .unwrap();
     expect_error(response, 400, "invalid_request").await;
 }
+
+#[tokio::test]
+async fn a_node_serving_another_checkpoint_is_ejected_without_taking_the_others_along() {
+    let a = node().await;
+    let other = MockVllm::start(MockConfig {
+        served_model_name: "someone/else-7B".to_owned(),
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    // Down at start, so the gateway first learns of it from a probe.
+    other.set_failure(FailureMode::Refuse);
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        r#"
+database_url = "sqlite://{db}"
+
+[fleet]
+probe_interval_ms = 50
+probe_timeout_ms = 500
+eject_base_ms = 50
+eject_max_ms = 50
+
+[[models]]
+id = "{MODEL}"
+
+[[models.upstreams]]
+url = "{a}"
+gpu = "gpu-a"
+
+[[models.upstreams]]
+url = "{other}"
+gpu = "gpu-other"
+"#,
+        db = dir.path().join("fleetgate.db").display(),
+        a = a.url(),
+        other = other.url(),
+    );
+    let gw = Gateway::start_config(a.clone(), &toml, dir).await;
+    wait_nodes_up(&gw, 1).await;
+    other.set_failure(FailureMode::None);
+    // A bounded negative check over ten probe intervals (the other node is probed
+    // every one or two of them): it stays out, and the right node never leaves.
+    for _ in 0..10 {
+        let (_, body) = health(&gw, "?verbose=true").await;
+        assert_eq!(
+            body["models"][0]["upstreams"],
+            json!([{"gpu": "gpu-a", "up": true, "in_flight": 0}, {"gpu": "gpu-other", "up": false, "in_flight": 0}]),
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let response = gw
+        .complete(&json!({"prompt": [1, 2], "max_tokens": 2}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["x-acs-upstream-model"], CHECKPOINT);
+}

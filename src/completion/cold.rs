@@ -26,9 +26,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::app::AppState;
-use crate::completion::Job;
 use crate::completion::dispatch::Window;
 use crate::completion::settle::Settlement;
+use crate::completion::{Job, shutting_down};
 use crate::error::ApiError;
 use crate::fleet::Model;
 use crate::http::envelope::envelope_json;
@@ -40,6 +40,7 @@ pub async fn wait_booted(model: &Model) -> Result<(), ApiError> {
         .wait_up(Instant::now() + model.sleep.boot_timeout)
         .await
     {
+        model.boot_done();
         Ok(())
     } else {
         Err(ApiError::UpstreamUnavailable(format!(
@@ -107,8 +108,13 @@ async fn run(
         tracing::warn!(request_id = %request_id, code = err.code(), "request failed after a confirmed cold boot; the error goes into the 200 body");
         let bytes = in_body_error(&err, &request_id, pending.stream);
         let tx = tx.clone();
+        let draining = keep_alive.draining.clone();
         async move {
-            let _ = tx.send(Ok(bytes)).await;
+            tokio::select! {
+                biased;
+                _ = tx.send(Ok(bytes)) => {}
+                () = draining.cancelled() => {}
+            }
         }
     };
     let Ok(model) = pending.state.fleet().resolve(Some(&pending.model_id)) else {
@@ -144,14 +150,16 @@ async fn run(
     while let Some(chunk) = body.next().await {
         let chunk = chunk.map_err(io::Error::other);
         let failed = chunk.is_err();
-        if tx.send(chunk).await.is_err() || failed {
+        // A client that stops reading holds this send, as it would hold any relayed
+        // body, but not past the shutdown grace period.
+        let sent = tokio::select! {
+            sent = tx.send(chunk) => sent.is_ok(),
+            () = keep_alive.draining.cancelled() => false,
+        };
+        if !sent || failed {
             return;
         }
     }
-}
-
-fn shutting_down() -> ApiError {
-    ApiError::UpstreamUnavailable("fleetgate is shutting down. Retry shortly.".into())
 }
 
 /// The error envelope as the whole JSON body, or as an SSE event and `[DONE]`.
@@ -210,7 +218,9 @@ impl KeepAlive<'_> {
                 () = self.draining.cancelled() => return Held::Draining,
                 () = self.tx.closed() => return Held::Gone,
                 _ = ticks.tick() => {
-                    if self.tx.send(Ok(Bytes::from_static(self.bytes))).await.is_err() {
+                    // A full channel means the client is not reading: no keep-alive needed.
+                    let keep_alive = Ok(Bytes::from_static(self.bytes));
+                    if let Err(mpsc::error::TrySendError::Closed(_)) = self.tx.try_send(keep_alive) {
                         return Held::Gone;
                     }
                 }

@@ -46,8 +46,19 @@ pub async fn dispatch(
     window: Window,
 ) -> Result<Dispatched, Failed> {
     let mut failed: Option<(Arc<Upstream>, ApiError)> = None;
+    // One window for the request, failover included.
+    let deadline = window.0.map(|w| tokio::time::Instant::now() + w);
     loop {
-        let taken = model.acquire(failed.as_ref().map(|(u, _)| &**u)).await;
+        let exclude = failed.as_ref().map(|(u, _)| &**u);
+        let taken = tokio::select! {
+            taken = model.acquire(exclude) => taken,
+            () = state.draining().cancelled() => {
+                return Err(Failed {
+                    error: crate::completion::shutting_down(),
+                    upstream: failed.map(|(u, _)| u),
+                });
+            }
+        };
         let in_flight = match taken {
             Ok(in_flight) => in_flight,
             Err(no_node) => {
@@ -80,7 +91,7 @@ pub async fn dispatch(
         let sent = Instant::now();
         let call = state.upstream().send_completion(&upstream, body.clone());
         let answer = tokio::select! {
-            answer = within(window, call) => answer,
+            answer = within(deadline, call) => answer,
             () = lost.cancelled() => {
                 metrics.outcome(UpstreamOutcome::Unreachable);
                 return Err(Failed {
@@ -142,10 +153,13 @@ pub fn stopped_answering() -> ApiError {
     }
 }
 
-/// Runs `call` within the window, if there is one; `None` when it ran out.
-async fn within<T>(window: Window, call: impl Future<Output = T>) -> Option<T> {
-    match window.0 {
-        Some(limit) => tokio::time::timeout(limit, call).await.ok(),
+/// Runs `call` until the deadline, if there is one; `None` when it ran out.
+async fn within<T>(
+    deadline: Option<tokio::time::Instant>,
+    call: impl Future<Output = T>,
+) -> Option<T> {
+    match deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline, call).await.ok(),
         None => Some(call.await),
     }
 }

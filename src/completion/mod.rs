@@ -146,13 +146,17 @@ impl Facts {
         if let Some(served) = model.served() {
             return Ok(Self { node: None, served });
         }
-        model.wake(state.upstream()).await?;
         Self::after_boot(state, model).await
     }
 
-    /// Waits for the boot of a woken model, then asks one of its nodes.
+    /// Wakes the model (or joins its boot), waits for a node to come up — nothing has
+    /// been sent to the client yet — then asks it.
     async fn after_boot(state: &AppState, model: &Model) -> Result<Self, ApiError> {
-        cold::wait_booted(model).await?;
+        unless_draining(state, async {
+            model.wake(state.upstream()).await?;
+            cold::wait_booted(model).await
+        })
+        .await?;
         Self::ask_nodes(state, model)
             .await?
             .ok_or_else(|| NoNode::NoneUp.into_error(&model.id))
@@ -241,7 +245,7 @@ async fn forward(
     if !model.is_up() && model.sleep.can_wake() {
         // Wake it (or join the boot under way), then commit a 200 and keep the client
         // company while it boots.
-        if let Err(err) = model.wake(state.upstream()).await {
+        if let Err(err) = unless_draining(state, model.wake(state.upstream())).await {
             settlement.release_unused().await;
             return Err(err);
         }
@@ -276,6 +280,22 @@ async fn forward(
         headers.insert(X_MAX_TOKENS_CLAMPED, clamp);
     }
     Ok(response)
+}
+
+/// Runs `work` unless the shutdown grace period ends first (then 503).
+pub(crate) async fn unless_draining<T>(
+    state: &AppState,
+    work: impl Future<Output = Result<T, ApiError>>,
+) -> Result<T, ApiError> {
+    tokio::select! {
+        done = work => done,
+        () = state.draining().cancelled() => Err(shutting_down()),
+    }
+}
+
+/// 503: the shutdown grace period is over and the request had not started.
+pub(crate) fn shutting_down() -> ApiError {
+    ApiError::UpstreamUnavailable("fleetgate is shutting down. Retry shortly.".into())
 }
 
 /// Resolves when `token` is cancelled; never without one.

@@ -91,6 +91,11 @@ impl Health {
         let mut state = self.state();
         state.streak = 0;
         state.up = true;
+        if state.lost.is_cancelled() {
+            // It answered after a failed probe: a new life, or every request sent to
+            // it would be cut as lost.
+            state.lost = CancellationToken::new();
+        }
     }
 
     /// Whether the prober should ask the node now: always while up, and once its

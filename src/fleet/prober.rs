@@ -35,7 +35,8 @@ pub async fn run(state: AppState) {
             model
                 .upstreams()
                 .iter()
-                .filter(move |u| u.health.probe_due(now))
+                // While a boot is under way, every beat: a node coming up is seen at once.
+                .filter(move |u| model.sleep.is_booting() || u.health.probe_due(now))
                 .map(move |upstream| probe(state, model, upstream))
         });
         join_all(probes).await;
@@ -61,16 +62,19 @@ async fn probe(state: &AppState, model: &Model, upstream: &Upstream) {
     let client = state.upstream();
     let answer = tokio::time::timeout(timeout, async {
         client.health(upstream).await?;
-        client.fetch_served(upstream).await
+        client.read_served(upstream).await
     })
     .await;
     let failure = match answer {
         Err(_) => format!("no answer within {} ms", timeout.as_millis()),
         Ok(Err(err)) => err.to_string(),
+        // Compared with the nodes in rotation only, and remembered only when it
+        // matches: one node on another checkpoint (say, mid-upgrade) must not take the
+        // others out with it.
         Ok(Ok(served)) => match model
             .upstreams()
             .iter()
-            .filter(|other| !std::ptr::eq(&***other, upstream))
+            .filter(|other| !std::ptr::eq(&***other, upstream) && other.health.is_up())
             .find_map(|other| other.served())
         {
             Some(expected) if expected.name != served.name => format!(
@@ -78,15 +82,20 @@ async fn probe(state: &AppState, model: &Model, upstream: &Upstream) {
                 served.name, expected.name
             ),
             _ => {
+                upstream.set_served(served);
                 // Optional: a node without metrics just counts as reporting no load.
                 let load = tokio::time::timeout(timeout, client.node_load(upstream)).await;
                 upstream
                     .reported
                     .set(load.ok().and_then(Result::ok).unwrap_or_default());
+                if model.sleep.is_booting() {
+                    // A booting node that answers is up, whatever its back-off said.
+                    upstream.health.probe_soon();
+                }
                 if upstream.health.probe_succeeded(Instant::now()) {
                     tracing::info!(model = %model.id, gpu = %upstream.gpu, "node is up again");
                     upstream.announce_up();
-                    model.boot_done().await;
+                    model.boot_done();
                 }
                 return;
             }

@@ -13,7 +13,7 @@
 //! sleeping model like any other but keeps it awake only for the shorter idle period.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::config::ModelConfig;
@@ -31,9 +31,16 @@ pub struct Sleep {
     keep_warm: Duration,
     idle_sleep: Duration,
     asleep: AtomicBool,
+    /// Held while a wake or sleep hook is called: one hook call at a time per model.
+    hook: tokio::sync::Mutex<()>,
     /// When the boot under way was confirmed; requests that find the model down within
-    /// the boot timeout join it instead of calling the hook again.
-    booting: tokio::sync::Mutex<Option<Instant>>,
+    /// the boot timeout join it instead of calling the hook again. (A plain mutex, never
+    /// held across an await: the prober reads it without waiting for a hook call.)
+    booting: Mutex<Option<Instant>>,
+    /// Wake hook calls so far, and whether the last one failed: requests that queued
+    /// behind a failed call share its failure instead of calling again one by one.
+    wake_calls: AtomicU64,
+    last_wake_failed: AtomicBool,
     activity: Mutex<Activity>,
 }
 
@@ -52,7 +59,10 @@ impl Sleep {
             keep_warm: Duration::from_millis(config.keep_warm_ms),
             idle_sleep: Duration::from_millis(config.idle_sleep_ms),
             asleep: AtomicBool::new(false),
-            booting: tokio::sync::Mutex::new(None),
+            hook: tokio::sync::Mutex::new(()),
+            booting: Mutex::new(None),
+            wake_calls: AtomicU64::new(0),
+            last_wake_failed: AtomicBool::new(false),
             activity: Mutex::new(Activity {
                 last_request: Instant::now(),
                 last_interactive: None,
@@ -73,6 +83,18 @@ impl Sleep {
         self.activity
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn booting(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        self.booting
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether a confirmed boot is under way (within the boot timeout).
+    pub fn is_booting(&self) -> bool {
+        self.booting()
+            .is_some_and(|started| started.elapsed() < self.boot_timeout)
     }
 
     /// A request for the model arrived; `interactive` ones keep it warm longer.
@@ -101,20 +123,38 @@ impl Model {
         let Some(url) = &self.sleep.wake_url else {
             return Err(super::NoNode::NoneUp.into_error(&self.id));
         };
-        let mut booting = self.sleep.booting.lock().await;
-        if booting.is_some_and(|started| started.elapsed() < self.sleep.boot_timeout) {
-            return Ok(());
-        }
-        if let Err(err) = client.call_hook(url, HOOK_TIMEOUT).await {
-            tracing::warn!(model = %self.id, error = %err, "the wake hook failed");
-            return Err(ApiError::UpstreamUnavailable(format!(
+        let could_not_wake = || {
+            ApiError::UpstreamUnavailable(format!(
                 "No node of model '{}' is up and it could not be woken. Retry shortly.",
                 self.id
-            )));
+            ))
+        };
+        let calls_before = self.sleep.wake_calls.load(Ordering::Acquire);
+        let _hook = self.sleep.hook.lock().await;
+        if self.sleep.is_booting() {
+            return Ok(());
+        }
+        if self.sleep.wake_calls.load(Ordering::Acquire) != calls_before
+            && self.sleep.last_wake_failed.load(Ordering::Acquire)
+        {
+            // The call this request waited behind failed a moment ago.
+            return Err(could_not_wake());
+        }
+        let called = client.call_hook(url, HOOK_TIMEOUT).await;
+        self.sleep
+            .last_wake_failed
+            .store(called.is_err(), Ordering::Release);
+        self.sleep.wake_calls.fetch_add(1, Ordering::AcqRel);
+        if let Err(err) = called {
+            tracing::warn!(model = %self.id, error = %err, "the wake hook failed");
+            return Err(could_not_wake());
         }
         tracing::info!(model = %self.id, "wake hook confirmed a boot");
-        *booting = Some(Instant::now());
         self.sleep.asleep.store(false, Ordering::Release);
+        // A node that came up meanwhile needs no boot to wait for.
+        if !self.upstreams.iter().any(|u| u.health.is_up()) {
+            *self.sleep.booting() = Some(Instant::now());
+        }
         for upstream in &self.upstreams {
             upstream.health.probe_soon();
         }
@@ -124,8 +164,8 @@ impl Model {
     /// The boot is over (a node came up): a later outage calls the hook again. The
     /// requests that waited for the boot are about to run: that counts as activity, so
     /// the keep-warm policy does not put the model back to sleep before they start.
-    pub async fn boot_done(&self) {
-        if self.sleep.booting.lock().await.take().is_some() {
+    pub fn boot_done(&self) {
+        if self.sleep.booting().take().is_some() {
             self.sleep.activity().last_request = Instant::now();
         }
     }
@@ -142,22 +182,31 @@ impl Model {
         {
             return;
         }
-        // Holding the boot lock: no wake interleaves with the sleep.
-        let mut booting = self.sleep.booting.lock().await;
-        if booting.is_some_and(|started| started.elapsed() < self.sleep.boot_timeout) {
+        // Holding the hook lock: no wake interleaves with the sleep.
+        let _hook = self.sleep.hook.lock().await;
+        if self.sleep.is_booting() {
             // A boot is under way: requests wait for it without being in flight yet.
+            return;
+        }
+        // Asleep before the hook is called, so requests arriving meanwhile wait for a
+        // wake instead of going to a node that is shutting down; then look again.
+        self.sleep.asleep.store(true, Ordering::Release);
+        if self.in_flight() > 0 || self.queued() > 0 || !self.sleep.idle(Instant::now()) {
+            self.sleep.asleep.store(false, Ordering::Release);
             return;
         }
         match client.call_hook(url, HOOK_TIMEOUT).await {
             Ok(()) => {
                 tracing::info!(model = %self.id, "idle model put to sleep");
-                *booting = None;
-                self.sleep.asleep.store(true, Ordering::Release);
+                *self.sleep.booting() = None;
                 for upstream in &self.upstreams {
                     upstream.health.set_down();
                 }
             }
-            Err(err) => tracing::warn!(model = %self.id, error = %err, "the sleep hook failed"),
+            Err(err) => {
+                self.sleep.asleep.store(false, Ordering::Release);
+                tracing::warn!(model = %self.id, error = %err, "the sleep hook failed");
+            }
         }
     }
 }
