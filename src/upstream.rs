@@ -84,11 +84,15 @@ impl UpstreamClient {
         }
     }
 
-    /// `GET /health`: a 2xx means the engine is alive.
-    pub async fn health(&self, upstream: &Upstream) -> Result<(), UpstreamError> {
+    /// `GET {path}` on the upstream; any status but a 2xx is an error.
+    async fn get_ok(
+        &self,
+        upstream: &Upstream,
+        path: &str,
+    ) -> Result<reqwest::Response, UpstreamError> {
         let response = self
             .http
-            .get(format!("{}/health", upstream.url))
+            .get(format!("{}{path}", upstream.url))
             .send()
             .await
             .map_err(|source| UpstreamError::Unreachable {
@@ -96,13 +100,18 @@ impl UpstreamClient {
                 source,
             })?;
         if response.status().is_success() {
-            Ok(())
+            Ok(response)
         } else {
             Err(UpstreamError::Unexpected {
                 url: upstream.url.clone(),
-                what: format!("{} on GET /health", response.status()),
+                what: format!("{} on GET {path}", response.status()),
             })
         }
+    }
+
+    /// `GET /health`: a 2xx means the engine is alive.
+    pub async fn health(&self, upstream: &Upstream) -> Result<(), UpstreamError> {
+        self.get_ok(upstream, "/health").await.map(drop)
     }
 
     /// `GET /metrics`: the node's own queue and KV-cache use.
@@ -110,23 +119,15 @@ impl UpstreamClient {
         &self,
         upstream: &Upstream,
     ) -> Result<crate::fleet::load::NodeLoad, UpstreamError> {
-        let unreachable = |source| UpstreamError::Unreachable {
-            url: upstream.url.clone(),
-            source,
-        };
-        let response = self
-            .http
-            .get(format!("{}/metrics", upstream.url))
-            .send()
+        let text = self
+            .get_ok(upstream, "/metrics")
+            .await?
+            .text()
             .await
-            .map_err(unreachable)?;
-        if !response.status().is_success() {
-            return Err(UpstreamError::Unexpected {
+            .map_err(|source| UpstreamError::Unreachable {
                 url: upstream.url.clone(),
-                what: format!("{} on GET /metrics", response.status()),
-            });
-        }
-        let text = response.text().await.map_err(unreachable)?;
+                source,
+            })?;
         Ok(crate::fleet::load::NodeLoad::parse(&text))
     }
 
@@ -168,26 +169,11 @@ impl UpstreamClient {
 
     /// Asks the upstream what it serves (`GET /v1/models`).
     pub async fn read_served(&self, upstream: &Upstream) -> Result<Served, UpstreamError> {
-        let url = format!("{}/v1/models", upstream.url);
-        let response =
-            self.http
-                .get(&url)
-                .send()
-                .await
-                .map_err(|source| UpstreamError::Unreachable {
-                    url: upstream.url.clone(),
-                    source,
-                })?;
+        let response = self.get_ok(upstream, "/v1/models").await?;
         let unexpected = |what: String| UpstreamError::Unexpected {
             url: upstream.url.clone(),
             what,
         };
-        if !response.status().is_success() {
-            return Err(unexpected(format!(
-                "{} on GET /v1/models",
-                response.status()
-            )));
-        }
         let list: ModelList = response
             .json()
             .await
