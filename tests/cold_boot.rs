@@ -156,6 +156,16 @@ struct Setup {
     keep_warm: Option<(u64, u64)>,
 }
 
+impl Setup {
+    /// The defaults, with this wake hook.
+    fn waking(on_wake: OnWake) -> Self {
+        Self {
+            on_wake,
+            ..Self::default()
+        }
+    }
+}
+
 impl Default for Setup {
     fn default() -> Self {
         Self {
@@ -169,12 +179,7 @@ impl Default for Setup {
 }
 
 async fn start(setup: Setup) -> (Gateway, Hooks) {
-    let node = MockVllm::start(MockConfig {
-        served_model_name: CHECKPOINT.to_owned(),
-        ..MockConfig::default()
-    })
-    .await
-    .unwrap();
+    let node = common::node(MockConfig::default()).await;
     if setup.down_at_start {
         node.set_failure(FailureMode::Refuse);
     }
@@ -187,39 +192,33 @@ async fn start(setup: Setup) -> (Gateway, Hooks) {
                 hooks.url
             )
         });
-    let dir = tempfile::tempdir().unwrap();
     // A short back-off cap: a node that failed probes while it booted is re-admitted
     // within a few probe intervals of coming up.
-    let toml = format!(
-        r#"
-database_url = "sqlite://{db}"
-
-[fleet]
+    let fleet = format!(
+        "[fleet]
 probe_interval_ms = {PROBE_INTERVAL_MS}
 probe_timeout_ms = 200
 eject_base_ms = 100
 eject_max_ms = 200
 keepalive_interval_ms = {KEEPALIVE_INTERVAL_MS}
-request_window_ms = {window}
-
-[[models]]
-id = "{MODEL}"
-default = true
-wake_url = "{hooks}/wake"
-boot_timeout_ms = {boot}
-{sleep}
-
-[[models.upstreams]]
-url = "{url}"
-gpu = "gpu-a"
-"#,
-        db = dir.path().join("fleetgate.db").display(),
+request_window_ms = {window}",
         window = setup.request_window_ms,
+    );
+    let model = format!(
+        "wake_url = \"{hooks}/wake\"
+boot_timeout_ms = {boot}
+{sleep}",
         hooks = hooks.url,
         boot = setup.boot_timeout_ms,
-        url = node.url(),
     );
-    let gw = Gateway::start_config(node, &toml, dir).await;
+    let gw = Gateway::start_fleet(&fleet, &model, &[(&node, "gpu-a", "")]).await;
+    (gw, hooks)
+}
+
+/// [`start`], then the model is put to sleep the hard way ([`take_node_down`]).
+async fn start_asleep(setup: Setup) -> (Gateway, Hooks) {
+    let (gw, hooks) = start(setup).await;
+    take_node_down(&gw).await;
     (gw, hooks)
 }
 
@@ -228,15 +227,7 @@ async fn wait_node_up(gw: &Gateway, up: u8) {
     let series = format!(r#"fleetgate_upstream_up{{model="{MODEL}",gpu="gpu-a"}} {up}"#);
     bounded(&format!("/metrics shows {series}"), async {
         loop {
-            let metrics = gw
-                .client
-                .get(format!("{}/metrics", gw.url))
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
+            let metrics = gw.metrics_text().await;
             if metrics.lines().any(|line| line == series) {
                 return;
             }
@@ -264,6 +255,43 @@ fn stream_body() -> String {
     json!({"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 5, "stream": true}).to_string()
 }
 
+/// Sends [`json_body`] as `workload` traffic (`X-Acs-Workload`) and expects a 200: when
+/// it was asked, and the response.
+async fn answered_as(gw: &Gateway, workload: &str) -> (Instant, reqwest::Response) {
+    let what = format!("the {workload} answer");
+    let asked = Instant::now();
+    let response = bounded(
+        &what,
+        gw.complete(&json_body())
+            .header("x-acs-workload", workload)
+            .send(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(response.status(), 200);
+    (asked, response)
+}
+
+/// Sends a text prompt without `max_tokens` (planning needs the node's tokenizer), which
+/// wakes the model. A bounded negative check: for six keep-alive intervals after the
+/// hook confirmed, no response (not even its headers) arrives. Then the node comes up;
+/// the answer is a 200.
+async fn held_until_booted(gw: &Gateway, hooks: &Hooks) -> reqwest::Response {
+    let body = json!({"model": MODEL, "prompt": "The capital of France is"}).to_string();
+    let mut request = tokio::spawn(gw.complete(&body).send());
+    hooks.wait_wakes(1).await;
+    let quiet = Duration::from_millis(6 * KEEPALIVE_INTERVAL_MS);
+    assert!(
+        tokio::time::timeout(quiet, &mut request).await.is_err(),
+        "answered before the node was up"
+    );
+
+    gw.mock.set_failure(FailureMode::None);
+    let response = bounded("the answer", request).await.unwrap().unwrap();
+    assert_eq!(response.status(), 200);
+    response
+}
+
 /// Asserts a committed 200 of the cold path (no upstream error kind in the headers)
 /// and returns its request id.
 fn committed(response: &reqwest::Response, content_type: &str) -> String {
@@ -275,6 +303,17 @@ fn committed(response: &reqwest::Response, content_type: &str) -> String {
         "{headers:?}"
     );
     headers["x-request-id"].to_str().unwrap().to_owned()
+}
+
+/// Sends `request` and asserts a committed 200 of the cold path (see [`committed`]):
+/// the response and its request id.
+async fn send_committed(
+    request: reqwest::RequestBuilder,
+    content_type: &str,
+) -> (reqwest::Response, String) {
+    let response = bounded("the 200", request.send()).await.unwrap();
+    let request_id = committed(&response, content_type);
+    (response, request_id)
 }
 
 /// Reads body chunks into `body` until `done(body)`.
@@ -303,6 +342,13 @@ async fn read_to_end(response: &mut reqwest::Response, body: &mut Vec<u8>) {
         }
     })
     .await;
+}
+
+/// The whole body.
+async fn read_all(mut response: reqwest::Response) -> Vec<u8> {
+    let mut body = Vec::new();
+    read_to_end(&mut response, &mut body).await;
+    body
 }
 
 fn spaces(body: &[u8]) -> usize {
@@ -403,17 +449,9 @@ async fn assert_nothing_charged(gw: &Gateway, key: &str) {
 
 #[tokio::test]
 async fn a_known_model_answers_200_at_once_and_sends_spaces_until_its_node_is_up() {
-    let (gw, hooks) = start(Setup {
-        on_wake: OnWake::ConfirmOnly,
-        ..Setup::default()
-    })
-    .await;
-    take_node_down(&gw).await;
+    let (gw, hooks) = start_asleep(Setup::waking(OnWake::ConfirmOnly)).await;
 
-    let mut response = bounded("the 200", gw.complete(&json_body()).send())
-        .await
-        .unwrap();
-    committed(&response, "application/json");
+    let (mut response, _) = send_committed(gw.complete(&json_body()), "application/json").await;
     assert_eq!(hooks.wakes(), 1);
     // The node is still down: two keep-alive spaces arrive while it is.
     let mut body = Vec::new();
@@ -434,17 +472,9 @@ async fn a_known_model_answers_200_at_once_and_sends_spaces_until_its_node_is_up
 
 #[tokio::test]
 async fn a_booting_stream_gets_sse_comments_then_its_events() {
-    let (gw, hooks) = start(Setup {
-        on_wake: OnWake::ConfirmOnly,
-        ..Setup::default()
-    })
-    .await;
-    take_node_down(&gw).await;
+    let (gw, hooks) = start_asleep(Setup::waking(OnWake::ConfirmOnly)).await;
 
-    let mut response = bounded("the 200", gw.complete(&stream_body()).send())
-        .await
-        .unwrap();
-    committed(&response, "text/event-stream");
+    let (mut response, _) = send_committed(gw.complete(&stream_body()), "text/event-stream").await;
     let mut body = Vec::new();
     read_until(&mut response, &mut body, |b| booting_comments(b) >= 2).await;
     assert!(gw.upstream_completions().is_empty());
@@ -463,26 +493,11 @@ async fn a_booting_stream_gets_sse_comments_then_its_events() {
 #[tokio::test]
 async fn a_model_never_seen_up_is_held_without_a_byte_until_it_has_booted() {
     let (gw, hooks) = start(Setup {
-        on_wake: OnWake::ConfirmOnly,
         down_at_start: true,
-        ..Setup::default()
+        ..Setup::waking(OnWake::ConfirmOnly)
     })
     .await;
-    // A text prompt and no max_tokens: planning needs the node's tokenizer.
-    let body = json!({"model": MODEL, "prompt": "The capital of France is"}).to_string();
-    let mut request = tokio::spawn(gw.complete(&body).send());
-    hooks.wait_wakes(1).await;
-    // A bounded negative check: for six keep-alive intervals after the hook confirmed,
-    // no response (not even its headers) arrives.
-    let quiet = Duration::from_millis(6 * KEEPALIVE_INTERVAL_MS);
-    assert!(
-        tokio::time::timeout(quiet, &mut request).await.is_err(),
-        "answered before the node was up"
-    );
-
-    gw.mock.set_failure(FailureMode::None);
-    let response = bounded("the answer", request).await.unwrap().unwrap();
-    assert_eq!(response.status(), 200);
+    let response = held_until_booted(&gw, &hooks).await;
     assert_eq!(response.headers()["x-acs-upstream-gpu"], "gpu-a");
     let body = response.bytes().await.unwrap();
     assert_eq!(body.first(), Some(&b'{'), "no keep-alive bytes");
@@ -498,26 +513,10 @@ async fn a_model_never_seen_up_is_held_without_a_byte_until_it_has_booted() {
 
 #[tokio::test]
 async fn a_known_model_whose_prompt_must_be_counted_is_woken_and_held_until_booted() {
-    let (gw, hooks) = start(Setup {
-        on_wake: OnWake::ConfirmOnly,
-        ..Setup::default()
-    })
-    .await;
-    take_node_down(&gw).await;
+    let (gw, hooks) = start_asleep(Setup::waking(OnWake::ConfirmOnly)).await;
     // Known checkpoint, but a text prompt without max_tokens needs the tokenizer: the
     // request wakes the model and waits for it before anything is sent.
-    let body = json!({"model": MODEL, "prompt": "The capital of France is"}).to_string();
-    let mut request = tokio::spawn(gw.complete(&body).send());
-    hooks.wait_wakes(1).await;
-    let quiet = Duration::from_millis(6 * KEEPALIVE_INTERVAL_MS);
-    assert!(
-        tokio::time::timeout(quiet, &mut request).await.is_err(),
-        "answered before the node was up"
-    );
-
-    gw.mock.set_failure(FailureMode::None);
-    let response = bounded("the answer", request).await.unwrap().unwrap();
-    assert_eq!(response.status(), 200);
+    let response = held_until_booted(&gw, &hooks).await;
     let json: Value = response.json().await.unwrap();
     assert_eq!(json["object"], "text_completion");
     assert_eq!(hooks.wakes(), 1);
@@ -528,13 +527,11 @@ async fn a_known_model_whose_prompt_must_be_counted_is_woken_and_held_until_boot
 
 #[tokio::test]
 async fn a_boot_that_never_completes_puts_the_error_in_the_200_body() {
-    let (gw, hooks) = start(Setup {
-        on_wake: OnWake::ConfirmOnly,
+    let (gw, hooks) = start_asleep(Setup {
         boot_timeout_ms: 1_000,
-        ..Setup::default()
+        ..Setup::waking(OnWake::ConfirmOnly)
     })
     .await;
-    take_node_down(&gw).await;
     let (key_id, key) = gw.create_key(LimitOverrides::default()).await;
 
     // Both at once: the second joins the boot the first started.
@@ -546,19 +543,17 @@ async fn a_boot_that_never_completes_puts_the_error_in_the_200_body() {
         ),
     )
     .await;
-    let mut json_response = json_response.unwrap();
+    let json_response = json_response.unwrap();
     let json_id = committed(&json_response, "application/json");
-    let mut stream_response = stream_response.unwrap();
+    let stream_response = stream_response.unwrap();
     let stream_id = committed(&stream_response, "text/event-stream");
 
-    let mut body = Vec::new();
-    read_to_end(&mut json_response, &mut body).await;
+    let body = read_all(json_response).await;
     let (leading, json) = parse_json(&body);
     assert!(leading >= 2, "keep-alives while waiting");
     assert_error_envelope(&json, "upstream_unavailable", &json_id);
 
-    let mut body = Vec::new();
-    read_to_end(&mut stream_response, &mut body).await;
+    let body = read_all(stream_response).await;
     let (comments, events) = parse_sse(&body);
     assert!(comments >= 2, "keep-alives while waiting");
     assert_eq!(events.len(), 2, "{events:?}");
@@ -576,24 +571,19 @@ async fn a_boot_that_never_completes_puts_the_error_in_the_200_body() {
 #[tokio::test]
 async fn a_node_that_overruns_the_window_after_the_boot_puts_upstream_deadline_in_the_body() {
     // 500 ms × 26 tokens/s: 13 tokens fit, so max_tokens 5 is accepted.
-    let (gw, hooks) = start(Setup {
-        on_wake: OnWake::ConfirmOnly,
+    let (gw, hooks) = start_asleep(Setup {
         request_window_ms: 500,
-        ..Setup::default()
+        ..Setup::waking(OnWake::ConfirmOnly)
     })
     .await;
-    take_node_down(&gw).await;
     let (key_id, key) = gw.create_key(LimitOverrides::default()).await;
     // The node will take the request, but never answer it.
     gw.mock.close_gate();
 
-    let mut response = bounded("the 200", gw.complete_as(&key, &json_body()).send())
-        .await
-        .unwrap();
-    let request_id = committed(&response, "application/json");
+    let (response, request_id) =
+        send_committed(gw.complete_as(&key, &json_body()), "application/json").await;
     gw.mock.set_failure(FailureMode::None);
-    let mut body = Vec::new();
-    read_to_end(&mut response, &mut body).await;
+    let body = read_all(response).await;
     let (leading, json) = parse_json(&body);
     assert!(leading >= 1, "keep-alives while waiting");
     assert_error_envelope(&json, "upstream_deadline", &request_id);
@@ -605,26 +595,18 @@ async fn a_node_that_overruns_the_window_after_the_boot_puts_upstream_deadline_i
 
 #[tokio::test]
 async fn a_stream_whose_node_fails_after_the_boot_gets_the_error_as_an_sse_event() {
-    let (gw, hooks) = start(Setup {
-        on_wake: OnWake::ConfirmOnly,
-        ..Setup::default()
-    })
-    .await;
-    take_node_down(&gw).await;
+    let (gw, hooks) = start_asleep(Setup::waking(OnWake::ConfirmOnly)).await;
     gw.mock.close_gate();
 
-    let mut response = bounded("the 200", gw.complete(&stream_body()).send())
-        .await
-        .unwrap();
-    let request_id = committed(&response, "text/event-stream");
+    let (response, request_id) =
+        send_committed(gw.complete(&stream_body()), "text/event-stream").await;
     // The node comes up and takes the request; then it fails.
     gw.mock.set_failure(FailureMode::None);
     bounded("the request reaches the node", gw.mock.wait_in_flight(1)).await;
     gw.mock.set_failure(FailureMode::Status500);
     gw.mock.open_gate();
 
-    let mut body = Vec::new();
-    read_to_end(&mut response, &mut body).await;
+    let body = read_all(response).await;
     let (_, events) = parse_sse(&body);
     assert_eq!(events.len(), 2, "{events:?}");
     let error: Value = serde_json::from_str(&events[0]).unwrap();
@@ -638,12 +620,7 @@ async fn a_stream_whose_node_fails_after_the_boot_gets_the_error_as_an_sse_event
 
 #[tokio::test]
 async fn a_wake_hook_that_fails_is_a_plain_503() {
-    let (gw, hooks) = start(Setup {
-        on_wake: OnWake::Fail,
-        ..Setup::default()
-    })
-    .await;
-    take_node_down(&gw).await;
+    let (gw, hooks) = start_asleep(Setup::waking(OnWake::Fail)).await;
 
     for (n, body) in [json_body(), stream_body()].iter().enumerate() {
         let response = bounded("the 503", gw.complete(body).send()).await.unwrap();
@@ -662,12 +639,7 @@ async fn a_wake_hook_that_fails_is_a_plain_503() {
 async fn requests_refused_by_planning_or_admission_do_not_wake_the_model() {
     // A wake hook that fails: a request that woke the model would get its 503 instead
     // of the refusal it deserves, and every such request calls the hook again.
-    let (gw, hooks) = start(Setup {
-        on_wake: OnWake::Fail,
-        ..Setup::default()
-    })
-    .await;
-    take_node_down(&gw).await;
+    let (gw, hooks) = start_asleep(Setup::waking(OnWake::Fail)).await;
     let (_, key) = gw
         .create_key(LimitOverrides {
             monthly_budget: Some(1),
@@ -697,12 +669,7 @@ async fn requests_refused_by_planning_or_admission_do_not_wake_the_model() {
 
 #[tokio::test]
 async fn concurrent_requests_share_one_boot() {
-    let (gw, hooks) = start(Setup {
-        on_wake: OnWake::ConfirmOnly,
-        ..Setup::default()
-    })
-    .await;
-    take_node_down(&gw).await;
+    let (gw, hooks) = start_asleep(Setup::waking(OnWake::ConfirmOnly)).await;
 
     // All four are committed while the node is still down: each went through the wake.
     let bodies = [json_body(), json_body(), json_body(), stream_body()];
@@ -719,14 +686,11 @@ async fn concurrent_requests_share_one_boot() {
 
     gw.mock.set_failure(FailureMode::None);
     let stream = responses.pop().unwrap();
-    for mut response in responses {
-        let mut body = Vec::new();
-        read_to_end(&mut response, &mut body).await;
+    for response in responses {
+        let body = read_all(response).await;
         assert_completion(&parse_json(&body).1);
     }
-    let mut stream = stream;
-    let mut body = Vec::new();
-    read_to_end(&mut stream, &mut body).await;
+    let body = read_all(stream).await;
     assert_completion_events(&parse_sse(&body).1);
     assert_eq!(hooks.wakes(), 1);
     assert_eq!(gw.upstream_completions().len(), 4);
@@ -745,16 +709,7 @@ async fn an_idle_model_is_put_to_sleep_and_the_next_request_wakes_it() {
     .await;
 
     // Batch traffic keeps the model awake only for the idle period.
-    let asked = Instant::now();
-    let response = bounded(
-        "the batch answer",
-        gw.complete(&json_body())
-            .header("x-acs-workload", "batch")
-            .send(),
-    )
-    .await
-    .unwrap();
-    assert_eq!(response.status(), 200);
+    let (asked, response) = answered_as(&gw, "batch").await;
     assert_completion(&response.json().await.unwrap());
     let slept = hooks.wait_sleep(1).await;
     assert!(
@@ -766,12 +721,8 @@ async fn an_idle_model_is_put_to_sleep_and_the_next_request_wakes_it() {
     wait_node_up(&gw, 0).await;
 
     // The next request wakes it.
-    let mut response = bounded("the 200", gw.complete(&json_body()).send())
-        .await
-        .unwrap();
-    committed(&response, "application/json");
-    let mut body = Vec::new();
-    read_to_end(&mut response, &mut body).await;
+    let (response, _) = send_committed(gw.complete(&json_body()), "application/json").await;
+    let body = read_all(response).await;
     assert_completion(&parse_json(&body).1);
     assert_eq!(hooks.wakes(), 1);
     assert_eq!(hooks.sleeps().len(), 1);
@@ -788,16 +739,7 @@ async fn interactive_traffic_keeps_the_model_warm_for_keep_warm_ms() {
     })
     .await;
 
-    let asked = Instant::now();
-    let response = bounded(
-        "the interactive answer",
-        gw.complete(&json_body())
-            .header("x-acs-workload", "interactive")
-            .send(),
-    )
-    .await
-    .unwrap();
-    assert_eq!(response.status(), 200);
+    let (asked, response) = answered_as(&gw, "interactive").await;
     response.bytes().await.unwrap();
     // A bounded negative check: from the end of the idle period, five more probe rounds
     // pass without a sleep while the interactive request is recent.
@@ -823,18 +765,14 @@ async fn interactive_traffic_keeps_the_model_warm_for_keep_warm_ms() {
 async fn a_model_is_not_put_back_to_sleep_while_a_request_waits_for_its_boot() {
     // Idle periods shorter than the boot.
     let (gw, hooks) = start(Setup {
-        on_wake: OnWake::ConfirmOnly,
         keep_warm: Some((200, 200)),
-        ..Setup::default()
+        ..Setup::waking(OnWake::ConfirmOnly)
     })
     .await;
     hooks.wait_sleep(1).await;
     wait_node_up(&gw, 0).await;
 
-    let mut response = bounded("the 200", gw.complete(&json_body()).send())
-        .await
-        .unwrap();
-    committed(&response, "application/json");
+    let (mut response, _) = send_committed(gw.complete(&json_body()), "application/json").await;
     // 12 keep-alive intervals (600 ms): the idle periods have passed several probe
     // rounds ago, with the request still waiting for the boot.
     let mut body = Vec::new();

@@ -13,8 +13,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{CHECKPOINT, Gateway, MODEL, expect_error};
-use fleetgate::mock_vllm::{MockConfig, MockVllm};
+use common::{Gateway, MODEL, expect_error};
+use fleetgate::mock_vllm::MockConfig;
 use fleetgate::store::LimitOverrides;
 use serde_json::json;
 
@@ -29,33 +29,13 @@ const DEFAULT_MAX_TOKENS: u64 = 8189;
 /// A gateway whose single model decodes `decode_tokens_per_second` within a window of
 /// `window_ms`, in front of a fresh mock.
 async fn gateway(window_ms: u64, decode_tokens_per_second: f64) -> Gateway {
-    let mock = MockVllm::start(MockConfig {
-        served_model_name: CHECKPOINT.to_owned(),
-        ..MockConfig::default()
-    })
+    let mock = common::node(MockConfig::default()).await;
+    Gateway::start_fleet(
+        &format!("[fleet]\nrequest_window_ms = {window_ms}"),
+        &format!("decode_tokens_per_second = {decode_tokens_per_second:?}"),
+        &[(&mock, "gpu-a", "")],
+    )
     .await
-    .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let toml = format!(
-        r#"
-database_url = "sqlite://{db}"
-
-[fleet]
-request_window_ms = {window_ms}
-
-[[models]]
-id = "{MODEL}"
-default = true
-decode_tokens_per_second = {decode_tokens_per_second:?}
-
-[[models.upstreams]]
-url = "{url}"
-gpu = "gpu-a"
-"#,
-        db = dir.path().join("fleetgate.db").display(),
-        url = mock.url(),
-    );
-    Gateway::start_config(mock, &toml, dir).await
 }
 
 /// A completion request body for [`PROMPT`]; `max_tokens` left out when `None`.
@@ -65,6 +45,18 @@ fn body(max_tokens: Option<u64>, stream: bool) -> String {
         body["max_tokens"] = max_tokens.into();
     }
     body.to_string()
+}
+
+/// Sends `request`, bounded by [`WAIT`].
+async fn send(request: reqwest::RequestBuilder) -> reqwest::Response {
+    request.timeout(WAIT).send().await.unwrap()
+}
+
+/// Sends `request`, bounded by [`WAIT`], and expects a 200.
+async fn send_ok(request: reqwest::RequestBuilder) -> reqwest::Response {
+    let response = send(request).await;
+    assert_eq!(response.status(), 200);
+    response
 }
 
 fn clamp_header(response: &reqwest::Response) -> Option<String> {
@@ -83,13 +75,7 @@ const FIT: u64 = 70;
 async fn an_omitted_max_tokens_is_cut_to_what_decodes_within_the_window() {
     let gw = gateway(WINDOW_MS, RATE).await;
 
-    let response = gw
-        .complete(&body(None, false))
-        .timeout(WAIT)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
+    let response = send_ok(gw.complete(&body(None, false))).await;
     assert_eq!(
         clamp_header(&response).as_deref(),
         Some(
@@ -103,13 +89,7 @@ async fn an_omitted_max_tokens_is_cut_to_what_decodes_within_the_window() {
     assert_eq!(gw.upstream_completions()[0]["max_tokens"], FIT);
 
     // A stream has no window: the whole default goes upstream, unclamped.
-    let response = gw
-        .complete(&body(None, true))
-        .timeout(WAIT)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
+    let response = send_ok(gw.complete(&body(None, true))).await;
     assert_eq!(clamp_header(&response), None);
     let text = response.text().await.unwrap();
     assert!(
@@ -128,13 +108,7 @@ async fn the_default_window_lets_the_default_max_tokens_through() {
     // 600 s × 26 tokens/s = 15,600 tokens fit: more than any default the mock's context
     // of 8192 allows, so nothing is cut.
     let gw = Gateway::start().await;
-    let response = gw
-        .complete(&body(None, false))
-        .timeout(WAIT)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
+    let response = send_ok(gw.complete(&body(None, false))).await;
     assert_eq!(clamp_header(&response), None);
     response.bytes().await.unwrap();
     assert_eq!(
@@ -153,13 +127,7 @@ async fn a_budget_that_cuts_below_the_fit_is_named_with_the_deadline() {
     };
 
     let (_, key) = gw.create_key(budget).await;
-    let response = gw
-        .complete_as(&key, &body(None, false))
-        .timeout(WAIT)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
+    let response = send_ok(gw.complete_as(&key, &body(None, false))).await;
     assert_eq!(
         clamp_header(&response).as_deref(),
         Some(
@@ -175,13 +143,7 @@ async fn a_budget_that_cuts_below_the_fit_is_named_with_the_deadline() {
 
     // An explicit max_tokens within the fit: only the budget cuts it.
     let (_, key) = gw.create_key(budget).await;
-    let response = gw
-        .complete_as(&key, &body(Some(FIT), false))
-        .timeout(WAIT)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
+    let response = send_ok(gw.complete_as(&key, &body(Some(FIT), false))).await;
     assert_eq!(
         clamp_header(&response).as_deref(),
         Some(format!("requested={FIT},applied=40,reason=budget,source=client").as_str())
@@ -194,12 +156,7 @@ async fn a_budget_that_cuts_below_the_fit_is_named_with_the_deadline() {
 async fn an_explicit_max_tokens_over_the_fit_is_refused_unless_streamed() {
     let gw = gateway(WINDOW_MS, RATE).await;
 
-    let response = gw
-        .complete(&body(Some(FIT + 1), false))
-        .timeout(WAIT)
-        .send()
-        .await
-        .unwrap();
+    let response = send(gw.complete(&body(Some(FIT + 1), false))).await;
     assert_eq!(response.headers()["x-should-retry"], "false");
     assert!(response.headers().get("retry-after").is_none());
     let error = expect_error(response, 400, "deadline_infeasible").await;
@@ -219,25 +176,13 @@ async fn an_explicit_max_tokens_over_the_fit_is_refused_unless_streamed() {
     );
 
     // Exactly the fit is fine, and not clamped.
-    let response = gw
-        .complete(&body(Some(FIT), false))
-        .timeout(WAIT)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
+    let response = send_ok(gw.complete(&body(Some(FIT), false))).await;
     assert_eq!(clamp_header(&response), None);
     let json: serde_json::Value = response.json().await.unwrap();
     assert_eq!(json["usage"]["completion_tokens"], FIT);
 
     // The same request as a stream runs in full.
-    let response = gw
-        .complete(&body(Some(FIT + 1), true))
-        .timeout(WAIT)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
+    let response = send_ok(gw.complete(&body(Some(FIT + 1), true))).await;
     assert_eq!(clamp_header(&response), None);
     let text = response.text().await.unwrap();
     assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
@@ -299,15 +244,7 @@ async fn an_upstream_that_overruns_the_window_is_cut_with_504_and_nothing_is_cha
     assert_eq!(usage["used"], 0, "{usage}");
     assert_eq!(usage["reserved"], 0, "{usage}");
     assert_eq!(usage["running"], 0, "{usage}");
-    let metrics = gw
-        .client
-        .get(format!("{}/metrics", gw.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = gw.metrics_text().await;
     assert!(
         metrics.contains(&format!(
             r#"fleetgate_upstream_requests_total{{model="{MODEL}",gpu="gpu-a",outcome="deadline"}} 1"#
@@ -326,13 +263,7 @@ async fn an_upstream_that_overruns_the_window_is_cut_with_504_and_nothing_is_cha
     assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
 
     // The node stayed in rotation and the key runs its next request.
-    let response = gw
-        .complete_as(&key, &body(Some(5), false))
-        .timeout(WAIT)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
+    let response = send_ok(gw.complete_as(&key, &body(Some(5), false))).await;
     let json: serde_json::Value = response.json().await.unwrap();
     assert_eq!(json["usage"]["completion_tokens"], 5);
     assert!(gw.usage(&key).await["used"].as_u64().unwrap() > 0);

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use common::{CHECKPOINT, Gateway, MODEL, expect_error};
+use common::{Gateway, MODEL, Sample, expect_error, node, parse_metrics};
 use fleetgate::mock_vllm::{FailureMode, MockConfig, MockVllm};
 use fleetgate::store::LimitOverrides;
 use tokio::task::JoinHandle;
@@ -39,39 +39,10 @@ async fn bounded<F: Future>(test: F) -> F::Output {
         .expect("the test hung")
 }
 
-async fn node(config: MockConfig) -> MockVllm {
-    MockVllm::start(MockConfig {
-        served_model_name: CHECKPOINT.to_owned(),
-        ..config
-    })
-    .await
-    .unwrap()
-}
-
 /// A gateway in front of `nodes` (mock, GPU label, extra upstream keys), with
 /// [`FAST_FLEET`] plus `fleet` in its `[fleet]` table. `gw.mock` is the first node.
 async fn gateway(fleet: &str, nodes: &[(&MockVllm, &str, &str)]) -> Gateway {
-    let dir = tempfile::tempdir().unwrap();
-    let mut toml = format!(
-        r#"
-database_url = "sqlite://{db}"
-
-[fleet]
-{FAST_FLEET}
-{fleet}
-
-[[models]]
-id = "{MODEL}"
-"#,
-        db = dir.path().join("fleetgate.db").display(),
-    );
-    for (mock, gpu, extra) in nodes {
-        toml.push_str(&format!(
-            "\n[[models.upstreams]]\nurl = \"{}\"\ngpu = \"{gpu}\"\n{extra}\n",
-            mock.url()
-        ));
-    }
-    Gateway::start_config(nodes[0].0.clone(), &toml, dir).await
+    Gateway::start_fleet(&format!("[fleet]\n{FAST_FLEET}\n{fleet}"), "", nodes).await
 }
 
 /// Two equal nodes, `a` and `b`; node `a` is built from `a_config`.
@@ -169,8 +140,8 @@ impl Parked {
     }
 }
 
-/// One scrape of `GET /metrics`: (name, labels, value) per sample line.
-struct Scrape(Vec<(String, BTreeMap<String, String>, f64)>);
+/// One scrape of `GET /metrics`: its sample lines.
+struct Scrape(Vec<Sample>);
 
 impl Scrape {
     /// The value of the series with exactly these labels; panics if it is absent.
@@ -181,8 +152,8 @@ impl Scrape {
             .collect();
         self.0
             .iter()
-            .find(|(n, l, _)| n == name && *l == want)
-            .map(|(_, _, v)| *v)
+            .find(|s| s.name == name && s.labels == want)
+            .map(|s| s.value)
             .unwrap_or_else(|| panic!("no series {name}{labels:?}"))
     }
 
@@ -212,47 +183,18 @@ impl Scrape {
     /// `fleetgate_upstream_requests_total` by outcome; 0 when never counted.
     fn outcome(&self, gpu: &str, outcome: &str) -> f64 {
         let labels = [("model", MODEL), ("gpu", gpu), ("outcome", outcome)];
-        let have = |(n, l, _): &&(String, BTreeMap<String, String>, f64)| {
-            n == "fleetgate_upstream_requests_total"
+        let have = |s: &&Sample| {
+            s.name == "fleetgate_upstream_requests_total"
                 && labels
                     .iter()
-                    .all(|(k, v)| l.get(*k).is_some_and(|x| x == v))
+                    .all(|(k, v)| s.labels.get(*k).is_some_and(|x| x == v))
         };
-        self.0.iter().find(have).map_or(0.0, |(_, _, v)| *v)
+        self.0.iter().find(have).map_or(0.0, |s| s.value)
     }
 }
 
 async fn scrape(gw: &Gateway) -> Scrape {
-    let text = gw
-        .client
-        .get(format!("{}/metrics", gw.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let samples = text
-        .lines()
-        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
-        .map(|line| {
-            let (series, value) = line.rsplit_once(' ').expect("a value");
-            let (name, labels) = match series.split_once('{') {
-                Some((name, rest)) => (name, rest.strip_suffix('}').expect("closing brace")),
-                None => (series, ""),
-            };
-            let labels = labels
-                .split(',')
-                .filter(|pair| !pair.is_empty())
-                .map(|pair| {
-                    let (k, v) = pair.split_once('=').expect("label=value");
-                    (k.to_owned(), v.trim_matches('"').to_owned())
-                })
-                .collect();
-            (name.to_owned(), labels, value.parse().expect("a number"))
-        })
-        .collect();
-    Scrape(samples)
+    Scrape(parse_metrics(&gw.metrics_text().await))
 }
 
 /// Scrapes until `holds` is true of a scrape, for at most `within`; returns how long
@@ -508,19 +450,13 @@ async fn with_every_node_down_requests_fail_fast_with_503_until_one_returns() {
     bounded(async {
         a.set_failure(FailureMode::Refuse);
         b.set_failure(FailureMode::Refuse);
-        let start = Instant::now();
-        let response = gw.complete(JSON).send().await.unwrap();
-        expect_retryable(response, 503, "upstream_unavailable").await;
-        assert!(start.elapsed() < Duration::from_secs(1));
+        unavailable_at_once(&gw).await;
         // The last node is not ejected by a request but by its failed probe.
         wait_metrics(&gw, "both ejected", Duration::from_secs(1), |m| {
             m.up("a") == 0.0 && m.up("b") == 0.0
         })
         .await;
-        let start = Instant::now();
-        let response = gw.complete(JSON).send().await.unwrap();
-        expect_retryable(response, 503, "upstream_unavailable").await;
-        assert!(start.elapsed() < Duration::from_secs(1));
+        unavailable_at_once(&gw).await;
 
         b.set_failure(FailureMode::None);
         wait_metrics(&gw, "B re-admitted", Duration::from_secs(3), |m| {
@@ -538,13 +474,42 @@ async fn one_slot(fleet: &str) -> Gateway {
     gateway(fleet, &[(&mock, "gpu-a", "max_in_flight = 1")]).await
 }
 
+/// Takes the one slot of [`one_slot`]'s node: a request held there behind its closed gate.
+async fn take_the_slot(gw: &Gateway) -> JoinHandle<reqwest::Result<reqwest::Response>> {
+    gw.mock.close_gate();
+    let first = tokio::spawn(gw.complete(JSON).send());
+    gw.mock.wait_in_flight(1).await;
+    first
+}
+
+/// Opens the gate: the request holding the slot completes, the only one the node got.
+async fn release_the_slot_alone(
+    gw: &Gateway,
+    first: JoinHandle<reqwest::Result<reqwest::Response>>,
+) {
+    gw.mock.open_gate();
+    assert_eq!(first.await.unwrap().unwrap().status(), 200);
+    assert_eq!(completions(&gw.mock), 1);
+}
+
+/// Sends [`JSON`]: when it was sent, and the response.
+async fn send_timed(gw: &Gateway) -> (Instant, reqwest::Response) {
+    let start = Instant::now();
+    (start, gw.complete(JSON).send().await.unwrap())
+}
+
+/// Sends [`JSON`] and expects a retryable 503, whole within a second.
+async fn unavailable_at_once(gw: &Gateway) {
+    let (start, response) = send_timed(gw).await;
+    expect_retryable(response, 503, "upstream_unavailable").await;
+    assert!(start.elapsed() < Duration::from_secs(1));
+}
+
 #[tokio::test]
 async fn a_request_beyond_max_in_flight_waits_for_a_free_slot() {
     let gw = one_slot("").await;
     bounded(async {
-        gw.mock.close_gate();
-        let first = tokio::spawn(gw.complete(JSON).send());
-        gw.mock.wait_in_flight(1).await;
+        let first = take_the_slot(&gw).await;
         let second = tokio::spawn(gw.complete(JSON).send());
         wait_metrics(&gw, "queued", Duration::from_secs(5), |m| m.queued() == 1.0).await;
         assert_eq!(scrape(&gw).await.in_flight("gpu-a"), 1.0);
@@ -575,17 +540,10 @@ async fn a_request_beyond_max_in_flight_waits_for_a_free_slot() {
 async fn with_no_queue_room_a_request_beyond_max_in_flight_gets_503_at_once() {
     let gw = one_slot("queue_size = 0").await;
     bounded(async {
-        gw.mock.close_gate();
-        let first = tokio::spawn(gw.complete(JSON).send());
-        gw.mock.wait_in_flight(1).await;
-        let start = Instant::now();
-        let response = gw.complete(JSON).send().await.unwrap();
-        expect_retryable(response, 503, "upstream_unavailable").await;
+        let first = take_the_slot(&gw).await;
         // Not after the queue timeout (30 s by default): there is no room to wait in.
-        assert!(start.elapsed() < Duration::from_secs(1));
-        gw.mock.open_gate();
-        assert_eq!(first.await.unwrap().unwrap().status(), 200);
-        assert_eq!(completions(&gw.mock), 1);
+        unavailable_at_once(&gw).await;
+        release_the_slot_alone(&gw, first).await;
     })
     .await;
 }
@@ -594,11 +552,8 @@ async fn with_no_queue_room_a_request_beyond_max_in_flight_gets_503_at_once() {
 async fn a_queued_request_gets_503_after_the_queue_timeout() {
     let gw = one_slot("queue_timeout_ms = 300").await;
     bounded(async {
-        gw.mock.close_gate();
-        let first = tokio::spawn(gw.complete(JSON).send());
-        gw.mock.wait_in_flight(1).await;
-        let start = Instant::now();
-        let response = gw.complete(JSON).send().await.unwrap();
+        let first = take_the_slot(&gw).await;
+        let (start, response) = send_timed(&gw).await;
         let waited = start.elapsed();
         expect_retryable(response, 503, "upstream_unavailable").await;
         assert!(
@@ -606,9 +561,7 @@ async fn a_queued_request_gets_503_after_the_queue_timeout() {
             "gave up after {waited:?}"
         );
         assert_eq!(scrape(&gw).await.queued(), 0.0);
-        gw.mock.open_gate();
-        assert_eq!(first.await.unwrap().unwrap().status(), 200);
-        assert_eq!(completions(&gw.mock), 1);
+        release_the_slot_alone(&gw, first).await;
     })
     .await;
 }

@@ -10,18 +10,16 @@ mod common;
 
 use std::time::Duration;
 
-use common::{CHECKPOINT, Gateway, MODEL};
+use common::{Gateway, MODEL};
 use fleetgate::mock_vllm::{MockConfig, MockVllm};
 use futures_util::StreamExt;
 
 async fn node(token_delay_ms: u64) -> MockVllm {
-    MockVllm::start(MockConfig {
-        served_model_name: CHECKPOINT.to_owned(),
+    common::node(MockConfig {
         token_delay: Duration::from_millis(token_delay_ms),
         ..MockConfig::default()
     })
     .await
-    .unwrap()
 }
 
 fn completions(mock: &MockVllm) -> usize {
@@ -35,27 +33,7 @@ fn completions(mock: &MockVllm) -> usize {
 async fn the_faster_node_takes_more_of_the_load() {
     let fast = node(0).await;
     let slow = node(40).await;
-    let dir = tempfile::tempdir().unwrap();
-    let toml = format!(
-        r#"
-database_url = "sqlite://{db}"
-
-[[models]]
-id = "{MODEL}"
-
-[[models.upstreams]]
-url = "{fast}"
-gpu = "fast"
-
-[[models.upstreams]]
-url = "{slow}"
-gpu = "slow"
-"#,
-        db = dir.path().join("fleetgate.db").display(),
-        fast = fast.url(),
-        slow = slow.url(),
-    );
-    let gw = Gateway::start_config(fast.clone(), &toml, dir).await;
+    let gw = Gateway::start_fleet("", "", &[(&fast, "fast", ""), (&slow, "slow", "")]).await;
     let body =
         serde_json::json!({"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 10}).to_string();
     // Four clients, twelve requests each: a request on the slow node takes ~400 ms, on
@@ -76,28 +54,7 @@ gpu = "slow"
 #[tokio::test]
 async fn weights_share_the_load_of_equal_nodes() {
     let (a, b) = (node(20).await, node(20).await);
-    let dir = tempfile::tempdir().unwrap();
-    let toml = format!(
-        r#"
-database_url = "sqlite://{db}"
-
-[[models]]
-id = "{MODEL}"
-
-[[models.upstreams]]
-url = "{a}"
-gpu = "a"
-weight = 3
-
-[[models.upstreams]]
-url = "{b}"
-gpu = "b"
-"#,
-        db = dir.path().join("fleetgate.db").display(),
-        a = a.url(),
-        b = b.url(),
-    );
-    let gw = Gateway::start_config(a.clone(), &toml, dir).await;
+    let gw = Gateway::start_fleet("", "", &[(&a, "a", "weight = 3"), (&b, "b", "")]).await;
     let body =
         serde_json::json!({"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 5, "stream": true})
             .to_string();

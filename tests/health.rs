@@ -15,43 +15,17 @@ use fleetgate::mock_vllm::{FailureMode, MockConfig, MockVllm};
 use serde_json::{Value, json};
 
 async fn node() -> MockVllm {
-    MockVllm::start(MockConfig {
-        served_model_name: CHECKPOINT.to_owned(),
-        ..MockConfig::default()
-    })
-    .await
-    .unwrap()
+    common::node(MockConfig::default()).await
 }
 
 /// A gateway over two nodes (`gpu-a`, `gpu-b`), probing every 50 ms.
 async fn two_nodes() -> (Gateway, MockVllm, MockVllm) {
     let (a, b) = (node().await, node().await);
-    let dir = tempfile::tempdir().unwrap();
-    let toml = format!(
-        r#"
-database_url = "sqlite://{db}"
-
-[fleet]
+    let fleet = "[fleet]
 probe_interval_ms = 50
 probe_timeout_ms = 500
-eject_base_ms = 100
-
-[[models]]
-id = "{MODEL}"
-
-[[models.upstreams]]
-url = "{a}"
-gpu = "gpu-a"
-
-[[models.upstreams]]
-url = "{b}"
-gpu = "gpu-b"
-"#,
-        db = dir.path().join("fleetgate.db").display(),
-        a = a.url(),
-        b = b.url(),
-    );
-    let gw = Gateway::start_config(a.clone(), &toml, dir).await;
+eject_base_ms = 100";
+    let gw = Gateway::start_fleet(fleet, "", &[(&a, "gpu-a", ""), (&b, "gpu-b", "")]).await;
     (gw, a, b)
 }
 
@@ -141,33 +115,12 @@ async fn a_node_serving_another_checkpoint_is_ejected_without_taking_the_others_
     .unwrap();
     // Down at start, so the gateway first learns of it from a probe.
     other.set_failure(FailureMode::Refuse);
-    let dir = tempfile::tempdir().unwrap();
-    let toml = format!(
-        r#"
-database_url = "sqlite://{db}"
-
-[fleet]
+    let fleet = "[fleet]
 probe_interval_ms = 50
 probe_timeout_ms = 500
 eject_base_ms = 50
-eject_max_ms = 50
-
-[[models]]
-id = "{MODEL}"
-
-[[models.upstreams]]
-url = "{a}"
-gpu = "gpu-a"
-
-[[models.upstreams]]
-url = "{other}"
-gpu = "gpu-other"
-"#,
-        db = dir.path().join("fleetgate.db").display(),
-        a = a.url(),
-        other = other.url(),
-    );
-    let gw = Gateway::start_config(a.clone(), &toml, dir).await;
+eject_max_ms = 50";
+    let gw = Gateway::start_fleet(fleet, "", &[(&a, "gpu-a", ""), (&other, "gpu-other", "")]).await;
     wait_nodes_up(&gw, 1).await;
     other.set_failure(FailureMode::None);
     // A bounded negative check over ten probe intervals (the other node is probed

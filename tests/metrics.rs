@@ -12,46 +12,10 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{Gateway, MODEL, expect_error};
+use common::{Gateway, MODEL, Sample, expect_error, parse_metrics};
 use fleetgate::mock_vllm::{FailureMode, MockConfig};
 use fleetgate::store::LimitOverrides;
 use serde_json::json;
-
-/// One sample line: metric name, labels, value.
-#[derive(Debug)]
-struct Sample {
-    name: String,
-    labels: BTreeMap<String, String>,
-    value: f64,
-}
-
-/// Parses the sample lines of the text format (label values here never hold quotes,
-/// commas or escapes).
-fn parse(text: &str) -> Vec<Sample> {
-    text.lines()
-        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
-        .map(|line| {
-            let (series, value) = line.rsplit_once(' ').expect("a value");
-            let (name, labels) = match series.split_once('{') {
-                Some((name, rest)) => (name, rest.strip_suffix('}').expect("closing brace")),
-                None => (series, ""),
-            };
-            let labels = labels
-                .split(',')
-                .filter(|pair| !pair.is_empty())
-                .map(|pair| {
-                    let (k, v) = pair.split_once('=').expect("label=value");
-                    (k.to_owned(), v.trim_matches('"').to_owned())
-                })
-                .collect();
-            Sample {
-                name: name.to_owned(),
-                labels,
-                value: value.parse().expect("a number"),
-            }
-        })
-        .collect()
-}
 
 /// The value of the series with exactly these labels (`None` if absent).
 fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
@@ -146,7 +110,7 @@ async fn metrics_count_requests_upstreams_and_refusals_without_keys_or_prompts()
         "{content_type}"
     );
     let text = response.text().await.unwrap();
-    let samples = parse(&text);
+    let samples = parse_metrics(&text);
 
     // Privacy: no key secret or prefix, no prompt text, no client-chosen model name.
     for secret in [gw.key.as_str(), limited.as_str()] {
@@ -243,18 +207,7 @@ async fn gauges_follow_a_stream_and_its_queue_and_upstream_failures_count() {
         "",
     )
     .await;
-    let scrape = || async {
-        let text = gw
-            .client
-            .get(format!("{}/metrics", gw.url))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        parse(&text)
-    };
+    let scrape = || async { parse_metrics(&gw.metrics_text().await) };
     let m = ("model", MODEL);
     let gpu = ("gpu", "gpu-a");
     // Before any request, the configured upstream's gauge is there at zero.

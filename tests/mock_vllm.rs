@@ -2,6 +2,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
+mod common;
+
 use std::future::Future;
 use std::time::Duration;
 
@@ -574,14 +576,7 @@ async fn ops_endpoints() {
     assert_eq!(health.status(), 200);
     assert!(health.text().await.unwrap().is_empty());
 
-    let metrics = client
-        .get(format!("{}/metrics", mock.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = common::metrics_text(&client, &mock.url()).await;
     assert!(
         metrics.contains("vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 0.0"),
         "{metrics}"

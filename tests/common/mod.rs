@@ -10,6 +10,8 @@
 pub mod postgres;
 pub mod processes;
 
+use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 
 use fleetgate::admission::Limiter;
@@ -44,31 +46,20 @@ impl Gateway {
     /// `extra` is appended to the config (top-level keys must come first, so it is
     /// inserted before the `[[models]]` table).
     pub async fn start_with(mock: MockConfig, extra: &str) -> Self {
-        let mock = MockVllm::start(MockConfig {
-            served_model_name: CHECKPOINT.to_owned(),
-            ..mock
-        })
-        .await
-        .unwrap();
+        let mock = node(mock).await;
+        Self::start_fleet(extra, "max_logprobs = 20", &[(&mock, "gpu-a", "")]).await
+    }
+
+    /// A gateway in front of `nodes`, configured by [`fleet_toml`] (with a fresh store);
+    /// `gw.mock` is the first node.
+    pub async fn start_fleet(
+        top_level: &str,
+        model_keys: &str,
+        nodes: &[(&MockVllm, &str, &str)],
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let toml = format!(
-            r#"
-database_url = "sqlite://{db}"
-{extra}
-
-[[models]]
-id = "{MODEL}"
-default = true
-max_logprobs = 20
-
-[[models.upstreams]]
-url = "{url}"
-gpu = "gpu-a"
-"#,
-            db = dir.path().join("fleetgate.db").display(),
-            url = mock.url(),
-        );
-        Self::start_config(mock, &toml, dir).await
+        let toml = fleet_toml(dir.path(), top_level, model_keys, nodes);
+        Self::start_config(nodes[0].0.clone(), &toml, dir).await
     }
 
     pub async fn start_config(mock: MockVllm, toml: &str, dir: tempfile::TempDir) -> Self {
@@ -156,6 +147,11 @@ gpu = "gpu-a"
             });
     }
 
+    /// `GET /metrics` (no key needed), as text.
+    pub async fn metrics_text(&self) -> String {
+        metrics_text(&self.client, &self.url).await
+    }
+
     /// `GET /v1/usage` for a key.
     pub async fn usage(&self, key: &str) -> serde_json::Value {
         let response = self
@@ -190,6 +186,97 @@ impl Drop for Gateway {
             let _ = tx.send(());
         }
     }
+}
+
+/// A mock node serving [`CHECKPOINT`], otherwise as `config` says.
+pub async fn node(config: MockConfig) -> MockVllm {
+    MockVllm::start(MockConfig {
+        served_model_name: CHECKPOINT.to_owned(),
+        ..config
+    })
+    .await
+    .unwrap()
+}
+
+/// The config of a gateway serving [`MODEL`] (its default model) from `nodes`, with its
+/// SQLite store in `db_dir`. `top_level` comes before the model: top-level keys first,
+/// then tables such as `[fleet]`. `model_keys` go into the `[[models]]` table. A node is
+/// (mock, GPU label, further keys of its `[[models.upstreams]]` entry, e.g. `weight = 3`).
+pub fn fleet_toml(
+    db_dir: &Path,
+    top_level: &str,
+    model_keys: &str,
+    nodes: &[(&MockVllm, &str, &str)],
+) -> String {
+    let upstreams: String = nodes
+        .iter()
+        .map(|(node, gpu, keys)| {
+            format!(
+                "\n[[models.upstreams]]\nurl = \"{}\"\ngpu = \"{gpu}\"\n{keys}\n",
+                node.url()
+            )
+        })
+        .collect();
+    format!(
+        r#"
+database_url = "sqlite://{db}"
+{top_level}
+
+[[models]]
+id = "{MODEL}"
+default = true
+{model_keys}
+{upstreams}"#,
+        db = db_dir.join("fleetgate.db").display(),
+    )
+}
+
+/// `GET {base_url}/metrics` (no key), as text: a gateway's or a mock node's.
+pub async fn metrics_text(client: &reqwest::Client, base_url: &str) -> String {
+    client
+        .get(format!("{base_url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// One sample line of the Prometheus text format: metric name, labels, value.
+#[derive(Debug)]
+pub struct Sample {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+}
+
+/// Parses the sample lines of the text format (label values here never hold quotes,
+/// commas or escapes).
+pub fn parse_metrics(text: &str) -> Vec<Sample> {
+    text.lines()
+        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
+        .map(|line| {
+            let (series, value) = line.rsplit_once(' ').expect("a value");
+            let (name, labels) = match series.split_once('{') {
+                Some((name, rest)) => (name, rest.strip_suffix('}').expect("closing brace")),
+                None => (series, ""),
+            };
+            let labels = labels
+                .split(',')
+                .filter(|pair| !pair.is_empty())
+                .map(|pair| {
+                    let (k, v) = pair.split_once('=').expect("label=value");
+                    (k.to_owned(), v.trim_matches('"').to_owned())
+                })
+                .collect();
+            Sample {
+                name: name.to_owned(),
+                labels,
+                value: value.parse().expect("a number"),
+            }
+        })
+        .collect()
 }
 
 /// Asserts the OpenAI envelope and returns the parsed body.
