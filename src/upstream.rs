@@ -95,10 +95,7 @@ impl UpstreamClient {
             .get(format!("{}{path}", upstream.url))
             .send()
             .await
-            .map_err(|source| UpstreamError::Unreachable {
-                url: upstream.url.clone(),
-                source,
-            })?;
+            .map_err(unreachable(upstream))?;
         if response.status().is_success() {
             Ok(response)
         } else {
@@ -124,10 +121,7 @@ impl UpstreamClient {
             .await?
             .text()
             .await
-            .map_err(|source| UpstreamError::Unreachable {
-                url: upstream.url.clone(),
-                source,
-            })?;
+            .map_err(unreachable(upstream))?;
         Ok(crate::fleet::load::NodeLoad::parse(&text))
     }
 
@@ -212,10 +206,7 @@ impl UpstreamClient {
             .json(&body)
             .send()
             .await
-            .map_err(|source| UpstreamError::Unreachable {
-                url: upstream.url.clone(),
-                source,
-            })?;
+            .map_err(unreachable(upstream))?;
         if !response.status().is_success() {
             return Err(upstream_rejection(response).await);
         }
@@ -242,10 +233,15 @@ impl UpstreamClient {
             .body(body)
             .send()
             .await
-            .map_err(|source| UpstreamError::Unreachable {
-                url: upstream.url.clone(),
-                source,
-            })
+            .map_err(unreachable(upstream))
+    }
+}
+
+/// The error for a request to `upstream` that got no answer.
+fn unreachable(upstream: &Upstream) -> impl Fn(reqwest::Error) -> UpstreamError + '_ {
+    |source| UpstreamError::Unreachable {
+        url: upstream.url.clone(),
+        source,
     }
 }
 

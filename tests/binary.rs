@@ -14,7 +14,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::processes::{FLEETGATE, Proc, listening_address, serve, start_mock, wait_for_line};
+use common::processes::{
+    FLEETGATE, Proc, listening_address, logged_address, serve, start_mock, wait_for_line,
+};
 
 fn write_config(dir: &Path, upstream: &str) -> std::path::PathBuf {
     let path = dir.join("fleetgate.toml");
@@ -389,15 +391,7 @@ async fn the_ops_listener_serves_only_metrics_and_health() {
     let stderr = child.stderr.take().unwrap();
     let _server = Proc(child);
     let ops = wait_for_line(stderr, "ops".into(), |line| {
-        line.contains("fleetgate ops listening")
-            .then(|| {
-                line.split("address=")
-                    .nth(1)?
-                    .split_whitespace()
-                    .next()
-                    .map(str::to_owned)
-            })
-            .flatten()
+        logged_address(line, "fleetgate ops listening")
     });
     let client = reqwest::Client::new();
     let get = |path: &str| client.get(format!("http://{ops}{path}")).send();

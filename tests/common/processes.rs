@@ -78,7 +78,12 @@ pub fn serve(config: &Path, tag: &str) -> (Proc, String) {
 
 /// The address in `fleetgate serve`'s `fleetgate listening … address=…` log line.
 pub fn listening_address(line: &str) -> Option<String> {
-    if !line.contains("fleetgate listening") {
+    logged_address(line, "fleetgate listening")
+}
+
+/// The `address=…` of a log line carrying `message`.
+pub fn logged_address(line: &str, message: &str) -> Option<String> {
+    if !line.contains(message) {
         return None;
     }
     let address = line.split("address=").nth(1)?.split_whitespace().next()?;
