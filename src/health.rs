@@ -115,13 +115,11 @@ pub async fn health(
 }
 
 fn model_health(model: &Model, verbose: bool) -> ModelHealth {
-    let asleep = model.sleep.is_asleep();
-    let up = |u: &crate::fleet::Upstream| !asleep && u.health.is_up();
-    let nodes_up = model.upstreams().iter().filter(|u| up(u)).count();
+    let nodes_up = model.in_rotation().count();
     ModelHealth {
         id: model.id.clone(),
         ready: nodes_up > 0,
-        asleep,
+        asleep: model.sleep.is_asleep(),
         nodes_up,
         nodes: model.upstreams().len(),
         queued: model.queued(),
@@ -131,7 +129,7 @@ fn model_health(model: &Model, verbose: bool) -> ModelHealth {
                 .iter()
                 .map(|u| NodeHealth {
                     gpu: u.gpu.clone(),
-                    up: up(u),
+                    up: model.takes_requests(u),
                     in_flight: u.in_flight(),
                 })
                 .collect()

@@ -266,9 +266,8 @@ impl Metrics {
                     model: model.id.clone(),
                 })
                 .set(i64::from(model.queued()));
-            let asleep = model.sleep.is_asleep();
             for upstream in model.upstreams() {
-                let up = !asleep && upstream.health.is_up();
+                let up = model.takes_requests(upstream);
                 self.0
                     .upstream_up
                     .get_or_create(&UpstreamLabels::new(&model.id, &upstream.gpu))

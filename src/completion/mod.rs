@@ -242,7 +242,7 @@ async fn forward(
     let send_max_tokens = (budget_clamped || plan.default_max_tokens).then_some(applied);
     let body = Bytes::from(request.upstream_body(&facts.served.name, send_max_tokens));
     let clamp = clamp_header(&plan, applied, budget_clamped);
-    if !model.is_up() && model.sleep.can_wake() {
+    if model.sleep.can_wake() && !model.is_up() {
         // Wake it (or join the boot under way), then commit a 200 and keep the client
         // company while it boots.
         if let Err(err) = unless_draining(state, model.wake(state.upstream())).await {

@@ -179,9 +179,19 @@ impl Model {
         &self.upstreams
     }
 
-    /// Whether any node is up (and the model is not put to sleep).
+    /// Whether `upstream` takes requests: it is up and its model is not asleep.
+    pub fn takes_requests(&self, upstream: &Upstream) -> bool {
+        !self.sleep.is_asleep() && upstream.health.is_up()
+    }
+
+    /// The nodes that take requests.
+    pub fn in_rotation(&self) -> impl Iterator<Item = &Arc<Upstream>> {
+        self.upstreams.iter().filter(|u| self.takes_requests(u))
+    }
+
+    /// Whether any node takes requests.
     pub fn is_up(&self) -> bool {
-        !self.sleep.is_asleep() && self.upstreams.iter().any(|u| u.health.is_up())
+        self.in_rotation().next().is_some()
     }
 
     /// Requests waiting in the fleet queue now.
@@ -197,13 +207,12 @@ impl Model {
     /// A node that is up, for questions about the model (`/v1/models`, `/tokenize`);
     /// not counted in flight.
     pub fn any_up(&self) -> Option<Arc<Upstream>> {
-        if self.sleep.is_asleep() {
-            return None;
-        }
-        let up: Vec<&Arc<Upstream>> = self.upstreams.iter().filter(|u| u.health.is_up()).collect();
-        match up.len() {
+        match self.in_rotation().count() {
             0 => None,
-            n => Some(Arc::clone(up[rand::rng().random_range(0..n)])),
+            n => self
+                .in_rotation()
+                .nth(rand::rng().random_range(0..n))
+                .map(Arc::clone),
         }
     }
 
@@ -234,13 +243,9 @@ impl Model {
 
     /// Power of two choices among the nodes that are up and have room.
     fn try_pick(&self, exclude: Option<&Upstream>) -> Result<InFlight, NoNode> {
-        if self.sleep.is_asleep() {
-            return Err(NoNode::NoneUp);
-        }
         let up = self
-            .upstreams
-            .iter()
-            .filter(|u| u.health.is_up() && !exclude.is_some_and(|e| std::ptr::eq(e, &***u)));
+            .in_rotation()
+            .filter(|u| !exclude.is_some_and(|e| std::ptr::eq(e, &***u)));
         let mut open: Vec<&Arc<Upstream>> = Vec::with_capacity(self.upstreams.len());
         let mut any_up = false;
         for upstream in up {

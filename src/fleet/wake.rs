@@ -152,7 +152,7 @@ impl Model {
         tracing::info!(model = %self.id, "wake hook confirmed a boot");
         self.sleep.asleep.store(false, Ordering::Release);
         // A node that came up meanwhile needs no boot to wait for.
-        if !self.upstreams.iter().any(|u| u.health.is_up()) {
+        if !self.is_up() {
             *self.sleep.booting() = Some(Instant::now());
         }
         for upstream in &self.upstreams {
