@@ -172,12 +172,7 @@ async fn sixteen_run_sixty_four_wait_and_the_rest_are_refused() {
 #[tokio::test]
 async fn waiting_requests_start_in_arrival_order() {
     let gw = Gateway::start().await;
-    let (key_id, key) = gw
-        .create_key(LimitOverrides {
-            max_concurrent: Some(1),
-            ..LimitOverrides::default()
-        })
-        .await;
+    let (key_id, key) = gw.key_with_slots(1, None).await;
     gw.mock.close_gate();
     let send = |i: u32| {
         let body = json!({"model": MODEL, "prompt": prompt(i + 1), "max_tokens": 1}).to_string();
@@ -206,13 +201,7 @@ async fn waiting_requests_start_in_arrival_order() {
 #[tokio::test]
 async fn a_waiting_client_that_disconnects_leaves_the_queue() {
     let gw = Gateway::start().await;
-    let (key_id, key) = gw
-        .create_key(LimitOverrides {
-            max_concurrent: Some(1),
-            max_queued: Some(1),
-            ..LimitOverrides::default()
-        })
-        .await;
+    let (key_id, key) = gw.key_with_slots(1, Some(1)).await;
     gw.mock.close_gate();
     let body = json!({"model": MODEL, "prompt": prompt(2), "max_tokens": 1}).to_string();
     let first = {
@@ -283,13 +272,7 @@ async fn slots_come_back_after_an_upstream_failure_and_cost_nothing() {
         "[fleet]\nprobe_interval_ms = 3600000",
     )
     .await;
-    let (key_id, key) = gw
-        .create_key(LimitOverrides {
-            max_concurrent: Some(1),
-            max_queued: Some(0),
-            ..LimitOverrides::default()
-        })
-        .await;
+    let (key_id, key) = gw.key_with_slots(1, Some(0)).await;
     let body = json!({"model": MODEL, "prompt": prompt(5), "max_tokens": 5}).to_string();
     gw.mock.set_failure(FailureMode::Status500);
     let failed = gw.complete_as(&key, &body).send().await.unwrap();
@@ -316,21 +299,8 @@ async fn slots_come_back_after_an_upstream_failure_and_cost_nothing() {
 
 #[tokio::test]
 async fn a_stream_whose_client_vanished_frees_its_slot_and_is_charged_what_was_generated() {
-    let gw = Gateway::start_with(
-        MockConfig {
-            token_delay: Duration::from_millis(50),
-            ..MockConfig::default()
-        },
-        "",
-    )
-    .await;
-    let (key_id, key) = gw
-        .create_key(LimitOverrides {
-            max_concurrent: Some(1),
-            max_queued: Some(0),
-            ..LimitOverrides::default()
-        })
-        .await;
+    let gw = Gateway::start_slow(50).await;
+    let (key_id, key) = gw.key_with_slots(1, Some(0)).await;
     let body =
         json!({"model": MODEL, "prompt": prompt(5), "max_tokens": 500, "stream": true}).to_string();
     let mut response = gw.complete_as(&key, &body).send().await.unwrap();
@@ -388,13 +358,7 @@ async fn streams_are_metered_and_the_usage_frame_is_only_sent_when_asked_for() {
 #[tokio::test]
 async fn a_client_with_the_whole_answer_finds_its_slot_free_and_its_usage_counted() {
     let gw = Gateway::start().await;
-    let (_, key) = gw
-        .create_key(LimitOverrides {
-            max_concurrent: Some(1),
-            max_queued: Some(0),
-            ..LimitOverrides::default()
-        })
-        .await;
+    let (_, key) = gw.key_with_slots(1, Some(0)).await;
     for (i, stream) in [false, true].into_iter().cycle().take(20).enumerate() {
         let body = json!({"model": MODEL, "prompt": prompt(4), "max_tokens": 1, "stream": stream})
             .to_string();

@@ -194,12 +194,7 @@ async fn an_upstream_that_overruns_the_window_is_cut_with_504_and_nothing_is_cha
     // 500 ms × 26 tokens/s: 13 tokens fit, so max_tokens 5 is accepted.
     let window = Duration::from_millis(500);
     let gw = gateway(window.as_millis() as u64, 26.0).await;
-    let (key_id, key) = gw
-        .create_key(LimitOverrides {
-            max_concurrent: Some(1),
-            ..LimitOverrides::default()
-        })
-        .await;
+    let (key_id, key) = gw.key_with_slots(1, None).await;
     // The node takes both requests and holds them; its /health still answers, so the
     // prober keeps it in rotation.
     gw.mock.close_gate();

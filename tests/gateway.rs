@@ -153,14 +153,7 @@ async fn a_prompt_that_fills_the_context_is_refused_before_the_upstream() {
 
 #[tokio::test]
 async fn stream_frames_arrive_while_the_upstream_is_still_generating() {
-    let gw = Gateway::start_with(
-        MockConfig {
-            token_delay: Duration::from_millis(100),
-            ..MockConfig::default()
-        },
-        "",
-    )
-    .await;
+    let gw = Gateway::start_slow(100).await;
     let mut response = gw
         .complete(r#"{"model":"llama-8b","prompt":"Once","max_tokens":50,"stream":true}"#)
         .send()
@@ -238,14 +231,7 @@ async fn a_mid_stream_error_event_passes_through_unchanged() {
 
 #[tokio::test]
 async fn a_client_that_disconnects_cancels_the_upstream_request() {
-    let gw = Gateway::start_with(
-        MockConfig {
-            token_delay: Duration::from_millis(100),
-            ..MockConfig::default()
-        },
-        "",
-    )
-    .await;
+    let gw = Gateway::start_slow(100).await;
     let mut response = gw
         .complete(r#"{"model":"llama-8b","prompt":"Once","max_tokens":200,"stream":true}"#)
         .send()

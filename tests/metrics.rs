@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::{Gateway, MODEL, Sample, expect_error, parse_metrics};
-use fleetgate::mock_vllm::{FailureMode, MockConfig};
+use fleetgate::mock_vllm::FailureMode;
 use fleetgate::store::LimitOverrides;
 use serde_json::json;
 
@@ -199,14 +199,7 @@ async fn metrics_count_requests_upstreams_and_refusals_without_keys_or_prompts()
 
 #[tokio::test]
 async fn gauges_follow_a_stream_and_its_queue_and_upstream_failures_count() {
-    let gw = Gateway::start_with(
-        MockConfig {
-            token_delay: Duration::from_millis(200),
-            ..MockConfig::default()
-        },
-        "",
-    )
-    .await;
+    let gw = Gateway::start_slow(200).await;
     let scrape = || async { parse_metrics(&gw.metrics_text().await) };
     let m = ("model", MODEL);
     let gpu = ("gpu", "gpu-a");
@@ -218,13 +211,7 @@ async fn gauges_follow_a_stream_and_its_queue_and_upstream_failures_count() {
 
     // One running slot and one queue place: a slow stream runs, the next request
     // waits, the one after is refused.
-    let (key_id, key) = gw
-        .create_key(LimitOverrides {
-            max_concurrent: Some(1),
-            max_queued: Some(1),
-            ..LimitOverrides::default()
-        })
-        .await;
+    let (key_id, key) = gw.key_with_slots(1, Some(1)).await;
     let body =
         json!({"model": MODEL, "prompt": [1, 2], "max_tokens": 5, "stream": true}).to_string();
     let mut response = gw.complete_as(&key, &body).send().await.unwrap();

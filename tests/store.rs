@@ -1017,16 +1017,21 @@ async fn request_log_writer_close_writes_everything(store: Arc<dyn Store>) {
     assert_eq!(store.recent_requests(5000).await.unwrap().len(), 1000);
 }
 
-async fn request_log_writer_flush(store: Arc<dyn Store>) {
-    // A batch would otherwise wait an hour or 10 000 rows: only flush writes it.
-    let log = RequestLog::start_with(
-        store.clone(),
+/// A request log writing `batch_rows` rows at once, or what waits after `max_delay`.
+fn batched_log(store: Arc<dyn Store>, batch_rows: usize, max_delay: Duration) -> RequestLog {
+    RequestLog::start_with(
+        store,
         RequestLogConfig {
-            max_delay: Duration::from_secs(3600),
-            batch_rows: 10_000,
+            batch_rows,
+            max_delay,
             ..RequestLogConfig::default()
         },
-    );
+    )
+}
+
+async fn request_log_writer_flush(store: Arc<dyn Store>) {
+    // A batch would otherwise wait an hour or 10 000 rows: only flush writes it.
+    let log = batched_log(store.clone(), 10_000, Duration::from_secs(3600));
     for row in numbered_rows(0, 3) {
         log.record(row);
     }
@@ -1288,14 +1293,7 @@ async fn next_append(
 async fn request_log_writes_full_batches_at_once_and_the_rest_at_close() {
     let db = TestDb::sqlite();
     let (store, mut appends) = WatchedStore::new(db.store().await, 0);
-    let log = RequestLog::start_with(
-        store.clone(),
-        RequestLogConfig {
-            batch_rows: 10,
-            max_delay: Duration::from_secs(3600),
-            ..RequestLogConfig::default()
-        },
-    );
+    let log = batched_log(store.clone(), 10, Duration::from_secs(3600));
     for row in numbered_rows(0, 25) {
         log.record(row);
     }
@@ -1310,14 +1308,7 @@ async fn request_log_writes_full_batches_at_once_and_the_rest_at_close() {
 async fn request_log_writes_a_waiting_batch_after_max_delay() {
     let db = TestDb::sqlite();
     let (store, mut appends) = WatchedStore::new(db.store().await, 0);
-    let log = RequestLog::start_with(
-        store.clone(),
-        RequestLogConfig {
-            batch_rows: 10_000,
-            max_delay: Duration::from_millis(50),
-            ..RequestLogConfig::default()
-        },
-    );
+    let log = batched_log(store.clone(), 10_000, Duration::from_millis(50));
     for row in numbered_rows(0, 3) {
         log.record(row);
     }

@@ -43,6 +43,18 @@ impl Gateway {
         Self::start_with(MockConfig::default(), "").await
     }
 
+    /// A gateway whose node takes `ms` per generated token.
+    pub async fn start_slow(ms: u64) -> Self {
+        Self::start_with(
+            MockConfig {
+                token_delay: std::time::Duration::from_millis(ms),
+                ..MockConfig::default()
+            },
+            "",
+        )
+        .await
+    }
+
     /// `extra` is appended to the config (top-level keys must come first, so it is
     /// inserted before the `[[models]]` table).
     pub async fn start_with(mock: MockConfig, extra: &str) -> Self {
@@ -126,6 +138,17 @@ impl Gateway {
             .await
             .unwrap();
         (record.id, key.secret.expose().to_owned())
+    }
+
+    /// A new key running at most `running` requests at once, with `queued` waiting
+    /// (`None`: the default): (id, secret).
+    pub async fn key_with_slots(&self, running: u32, queued: Option<u32>) -> (i64, String) {
+        self.create_key(LimitOverrides {
+            max_concurrent: Some(running),
+            max_queued: queued,
+            ..LimitOverrides::default()
+        })
+        .await
     }
 
     /// Waits (on the limiter's change notifications, bounded) until the key has this
