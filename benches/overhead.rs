@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use fleetgate::config::Config;
-use fleetgate::mock_vllm::{MockConfig, MockVllm};
+use mock_vllm::{MockConfig, MockVllm};
 use fleetgate::server;
 use fleetgate::store::LimitOverrides;
 use futures_util::StreamExt;

@@ -3,17 +3,14 @@
 pub mod admin;
 pub mod admission;
 pub mod app;
-pub mod cli;
 pub mod completion;
 pub mod config;
-pub mod demo;
 pub mod error;
 pub mod fleet;
 pub mod health;
 pub mod http;
 pub mod keys;
 pub mod metrics;
-pub mod mock_vllm;
 pub mod models;
 pub mod openapi;
 pub mod request_log;

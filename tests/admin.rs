@@ -9,7 +9,7 @@
 mod common;
 
 use common::{Gateway, MODEL, expect_error};
-use fleetgate::mock_vllm::MockConfig;
+use mock_vllm::MockConfig;
 use serde_json::{Value, json};
 
 const TOKEN: &str = "admin-token-for-tests-0123456789";

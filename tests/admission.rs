@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::{Gateway, MODEL, expect_error};
 use fleetgate::admission::Limiter;
-use fleetgate::mock_vllm::{FailureMode, MockConfig};
+use mock_vllm::{FailureMode, MockConfig};
 use fleetgate::store::LimitOverrides;
 use serde_json::json;
 use tokio::time::timeout;
@@ -371,7 +371,7 @@ async fn a_client_with_the_whole_answer_finds_its_slot_free_and_its_usage_counte
 
 #[tokio::test]
 async fn with_limits_off_nothing_is_clamped_or_refused_but_usage_is_still_metered() {
-    let mock = fleetgate::mock_vllm::MockVllm::start(MockConfig::default())
+    let mock = mock_vllm::MockVllm::start(MockConfig::default())
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();

@@ -66,7 +66,7 @@ async fn complete(url: &str, key: &str, body: serde_json::Value) -> reqwest::Res
 #[tokio::test]
 async fn keys_cli_and_serve_work_together() {
     let dir = tempfile::tempdir().unwrap();
-    let (_mock, upstream) = start_mock(&[]);
+    let (_mock, upstream) = start_mock(0);
     let config = write_config(dir.path(), &upstream);
 
     let created = fleetgate(
@@ -215,7 +215,7 @@ fn peak_rss_bytes(pid: u32) -> u64 {
 #[tokio::test]
 async fn a_full_vocab_body_streams_through_with_bounded_memory() {
     let dir = tempfile::tempdir().unwrap();
-    let (_mock, upstream) = start_mock(&["--vocab-size", "128256"]);
+    let (_mock, upstream) = start_mock(0);
     let config = write_config(dir.path(), &upstream);
     let secret = create_key(&config, "mem");
     let (server, url) = serve(&config, "fleetgate");
@@ -251,7 +251,7 @@ async fn a_full_vocab_body_streams_through_with_bounded_memory() {
 #[tokio::test]
 async fn sigterm_drains_within_the_grace_period_and_keeps_the_usage() {
     let dir = tempfile::tempdir().unwrap();
-    let (_mock, upstream) = start_mock(&["--token-delay-ms", "50"]);
+    let (_mock, upstream) = start_mock(50);
     let config = write_config(dir.path(), &upstream);
     let secret = create_key(&config, "drain");
     let mut child = tokio::process::Command::new(FLEETGATE)
@@ -310,7 +310,7 @@ async fn sigterm_drains_within_the_grace_period_and_keeps_the_usage() {
 #[tokio::test]
 async fn json_logs_carry_one_line_per_request_without_prompt_or_key() {
     let dir = tempfile::tempdir().unwrap();
-    let (_mock, upstream) = start_mock(&[]);
+    let (_mock, upstream) = start_mock(0);
     let config = write_config(dir.path(), &upstream);
     let secret = create_key(&config, "logs");
     let mut child = Command::new(FLEETGATE)
@@ -379,7 +379,7 @@ async fn json_logs_carry_one_line_per_request_without_prompt_or_key() {
 #[tokio::test]
 async fn the_ops_listener_serves_only_metrics_and_health() {
     let dir = tempfile::tempdir().unwrap();
-    let (_mock, upstream) = start_mock(&[]);
+    let (_mock, upstream) = start_mock(0);
     let config = write_config(dir.path(), &upstream);
     let mut child = Command::new(FLEETGATE)
         .args(["serve", "--config"])

@@ -25,7 +25,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
 use common::{CHECKPOINT, Gateway, MODEL, expect_error};
-use fleetgate::mock_vllm::{FailureMode, MockConfig, MockVllm};
+use mock_vllm::{FailureMode, MockConfig, MockVllm};
 use fleetgate::store::LimitOverrides;
 use serde_json::{Value, json};
 use tokio::sync::watch;

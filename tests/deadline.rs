@@ -14,7 +14,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Gateway, MODEL, expect_error};
-use fleetgate::mock_vllm::MockConfig;
+use mock_vllm::MockConfig;
 use fleetgate::store::LimitOverrides;
 use serde_json::json;
 

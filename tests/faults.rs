@@ -17,7 +17,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use common::{Gateway, MODEL, Sample, expect_error, node, parse_metrics};
-use fleetgate::mock_vllm::{FailureMode, MockConfig, MockVllm};
+use mock_vllm::{FailureMode, MockConfig, MockVllm};
 use fleetgate::store::LimitOverrides;
 use tokio::task::JoinHandle;
 

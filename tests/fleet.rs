@@ -11,7 +11,7 @@ mod common;
 use std::time::Duration;
 
 use common::{Gateway, MODEL};
-use fleetgate::mock_vllm::{MockConfig, MockVllm};
+use mock_vllm::{MockConfig, MockVllm};
 use futures_util::StreamExt;
 
 async fn node(token_delay_ms: u64) -> MockVllm {

@@ -12,7 +12,7 @@ mod common;
 use std::time::Duration;
 
 use common::{CHECKPOINT, Gateway, MODEL, expect_error};
-use fleetgate::mock_vllm::{FailureMode, MockConfig};
+use mock_vllm::{FailureMode, MockConfig};
 use tokio::time::timeout;
 
 const WAIT: Duration = Duration::from_secs(10);

@@ -11,7 +11,7 @@ mod common;
 use std::time::Duration;
 
 use common::{CHECKPOINT, Gateway, MODEL, expect_error};
-use fleetgate::mock_vllm::{FailureMode, MockConfig, MockVllm};
+use mock_vllm::{FailureMode, MockConfig, MockVllm};
 use serde_json::{Value, json};
 
 async fn node() -> MockVllm {

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::{Gateway, MODEL, Sample, expect_error, parse_metrics};
-use fleetgate::mock_vllm::FailureMode;
+use mock_vllm::FailureMode;
 use fleetgate::store::LimitOverrides;
 use serde_json::json;
 

@@ -27,7 +27,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::postgres::FreshDatabase;
-use common::processes::{FLEETGATE, Proc, serve, start_mock};
+use common::processes::{FLEETGATE, MockNode, Proc, serve, start_mock};
 
 use bytes::Bytes;
 use serde_json::{Value, json};
@@ -205,7 +205,7 @@ impl Drop for RedisPrefix {
 /// are killed first, then the Redis keys are deleted and the database dropped.
 struct Cluster {
     _replicas: Vec<Proc>,
-    _mock: Proc,
+    _mock: MockNode,
     urls: [String; 2],
     config: PathBuf,
     api: Api,
@@ -215,12 +215,12 @@ struct Cluster {
 }
 
 impl Cluster {
-    /// `mock_args` go to mock-vllm, `key_limits` to `fleetgate keys create`.
-    async fn start(test: &str, mock_args: &[&str], key_limits: &[&str]) -> Self {
+    /// `token_delay_ms` is mock-vllm's pace, `key_limits` to `fleetgate keys create`.
+    async fn start(test: &str, token_delay_ms: u64, key_limits: &[&str]) -> Self {
         let redis = RedisPrefix::new(test);
         let database = FreshDatabase::create("fg_replicas").await;
         let dir = tempfile::tempdir().unwrap();
-        let (mock, upstream) = start_mock(mock_args);
+        let (mock, upstream) = start_mock(token_delay_ms);
         let config = write_config(
             dir.path(),
             &database.url,
@@ -399,7 +399,7 @@ fn parse_clamp(value: &str) -> (u64, u64, String, String) {
 async fn two_replicas_share_one_queue() {
     let cluster = Cluster::start(
         "queue",
-        &["--token-delay-ms", "50"],
+        50,
         &["--max-concurrent", "2", "--max-queued", "1"],
     )
     .await;
@@ -477,7 +477,7 @@ async fn two_replicas_share_one_budget() {
     // 100 tokens 2 ms apart: each request runs ~200 ms, so they overlap.
     let cluster = Cluster::start(
         "budget",
-        &["--token-delay-ms", "2"],
+        2,
         &["--monthly-budget", &budget],
     )
     .await;
@@ -633,7 +633,7 @@ fn stream_usage(body: &str) -> u64 {
 async fn a_gateway_rides_out_redis_going_away() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let (_mock, upstream) = start_mock(&["--token-delay-ms", "20"]);
+    let (_mock, upstream) = start_mock(20);
     let database_url = format!("sqlite://{}/fg.db", dir.path().display());
     let prefix = format!("fleetgate-test:restart:{}", uuid::Uuid::new_v4().simple());
     let config = write_config(
@@ -734,7 +734,7 @@ fn signal(redis: &RedisServer, name: &str) {
 async fn a_frozen_redis_leaves_no_phantom_slots() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let (_mock, upstream) = start_mock(&[]);
+    let (_mock, upstream) = start_mock(0);
     let database_url = format!("sqlite://{}/fg.db", dir.path().display());
     let prefix = format!("fleetgate-test:freeze:{}", uuid::Uuid::new_v4().simple());
     let config = write_config(

@@ -19,7 +19,7 @@ use fleetgate::admission::ledger::LedgerUsage;
 use fleetgate::admission::local::LocalLimiter;
 use fleetgate::app::AppState;
 use fleetgate::config::Config;
-use fleetgate::mock_vllm::{MockConfig, MockVllm};
+use mock_vllm::{MockConfig, MockVllm};
 use fleetgate::server;
 use fleetgate::store::LimitOverrides;
 use tokio::sync::oneshot;

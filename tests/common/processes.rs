@@ -8,7 +8,6 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 pub const FLEETGATE: &str = env!("CARGO_BIN_EXE_fleetgate");
-pub const MOCK_VLLM: &str = env!("CARGO_BIN_EXE_mock-vllm");
 /// A started process prints its address within this.
 const STARTUP: Duration = Duration::from_secs(30);
 
@@ -42,24 +41,44 @@ pub fn wait_for_line(
         .expect("the process printed the expected line")
 }
 
-pub fn start_mock(extra: &[&str]) -> (Proc, String) {
-    let mut child = Command::new(MOCK_VLLM)
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--served-model-name",
-            "meta-llama/Llama-3.1-8B",
-        ])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .spawn()
+/// A mock-vllm whose tokens come `token_delay_ms` apart, on a runtime and threads of its
+/// own: a test blocked on a child process (or on a synchronous call) never stalls it.
+/// Stopped when dropped.
+pub struct MockNode {
+    mock: Option<mock_vllm::MockVllm>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for MockNode {
+    fn drop(&mut self) {
+        drop(self.mock.take());
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+pub fn start_mock(token_delay_ms: u64) -> (MockNode, String) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
         .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let proc = Proc(child);
-    let url = wait_for_line(stdout, "mock-vllm".into(), |l| {
-        l.split("listening on ").nth(1).map(|u| u.trim().to_owned())
+    let config = mock_vllm::MockConfig {
+        token_delay: Duration::from_millis(token_delay_ms),
+        ..mock_vllm::MockConfig::default()
+    };
+    let (tx, rx) = mpsc::channel();
+    runtime.spawn(async move {
+        let _ = tx.send(mock_vllm::MockVllm::start(config).await);
     });
-    (proc, url)
+    let mock = rx.recv_timeout(STARTUP).unwrap().unwrap();
+    let url = mock.url();
+    let node = MockNode {
+        mock: Some(mock),
+        runtime: Some(runtime),
+    };
+    (node, url)
 }
 
 /// `fleetgate serve` on port 0; returns its base URL.

@@ -6,10 +6,10 @@
 
 use serde_json::json;
 
-use crate::admission::{KeyLimits, Month};
-use crate::config::LimitDefaults;
-use crate::keys;
-use crate::store::{KeyRecord, LimitOverrides, LimitUpdate, Store};
+use fleetgate::admission::{KeyLimits, Month};
+use fleetgate::config::LimitDefaults;
+use fleetgate::keys;
+use fleetgate::store::{KeyRecord, LimitOverrides, LimitUpdate, Store};
 
 /// A limit flag of `keys set`: a value, or `default` to drop the key's own value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -372,7 +372,7 @@ mod tests {
 
     #[tokio::test]
     async fn create_set_usage_list() {
-        let store = crate::store::connect("sqlite::memory:").await.unwrap();
+        let store = fleetgate::store::connect("sqlite::memory:").await.unwrap();
         let store = store.as_ref();
         let defaults = defaults();
         let own = LimitOverrides {
@@ -428,7 +428,7 @@ mod tests {
 
         // Usage of this month from the ledger.
         store
-            .record_usage(&crate::store::UsageRow {
+            .record_usage(&fleetgate::store::UsageRow {
                 key_id: record.id,
                 request_id: "req_1".to_owned(),
                 month: Month::now().to_string(),

@@ -2,12 +2,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
-mod common;
-
 use std::future::Future;
 use std::time::Duration;
 
-use fleetgate::mock_vllm::{FailureMode, MockConfig, MockVllm};
+use mock_vllm::{FailureMode, MockConfig, MockVllm};
 use serde_json::{Value, json};
 
 /// Upper bound on every wait in these tests.
@@ -576,7 +574,7 @@ async fn ops_endpoints() {
     assert_eq!(health.status(), 200);
     assert!(health.text().await.unwrap().is_empty());
 
-    let metrics = common::metrics_text(&client, &mock.url()).await;
+    let metrics = metrics_text(&client, &mock.url()).await;
     assert!(
         metrics.contains("vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 0.0"),
         "{metrics}"
@@ -763,4 +761,9 @@ async fn closed_gate_holds_requests_until_opened() {
     }
     assert_eq!(mock.in_flight(), 0);
     mock.shutdown().await;
+}
+
+async fn metrics_text(client: &reqwest::Client, base_url: &str) -> String {
+    let response = client.get(format!("{base_url}/metrics")).send().await.unwrap();
+    response.text().await.unwrap()
 }

@@ -7,7 +7,10 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use fleetgate::config::Config;
 use fleetgate::store::{LimitOverrides, LimitUpdate};
-use fleetgate::{cli, demo, server};
+use fleetgate::server;
+
+mod cli;
+mod demo;
 
 #[derive(Parser)]
 #[command(

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Parser;
-use fleetgate::mock_vllm::{MockConfig, MockVllm};
+use mock_vllm::{MockConfig, MockVllm};
 
 #[derive(Parser, Debug)]
 #[command(

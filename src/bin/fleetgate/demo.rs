@@ -7,9 +7,9 @@ use std::path::Path;
 
 use tokio::net::TcpListener;
 
-use crate::config::Config;
-use crate::mock_vllm::{MockConfig, MockVllm};
-use crate::server;
+use fleetgate::config::Config;
+use mock_vllm::{MockConfig, MockVllm};
+use fleetgate::server;
 
 pub const DEMO_MODEL: &str = "llama-8b";
 const DEMO_CHECKPOINT: &str = "meta-llama/Llama-3.1-8B";
@@ -41,10 +41,10 @@ gpu = "demo-gpu-0"
     let listener = TcpListener::bind(config.listen).await?;
     let address = listener.local_addr()?;
     let state = server::prepare(config).await?;
-    let key = crate::keys::generate();
+    let key = fleetgate::keys::generate();
     state
         .store()
-        .create_key("demo", None, &key, &crate::store::LimitOverrides::default())
+        .create_key("demo", None, &key, &fleetgate::store::LimitOverrides::default())
         .await?;
     println!("{}", instructions(address, key.secret.expose()));
     server::serve(state, listener, server::shutdown_signal()).await?;
