@@ -15,10 +15,10 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::admission::KeyLimits;
-use crate::app::AppState;
 use crate::error::ApiError;
 use crate::http::auth::bearer_token;
 use crate::keys;
+use crate::state::AppState;
 use crate::store::{KeyRecord, LimitOverrides, LimitUpdate};
 use crate::usage::{KeyUsage, key_usage};
 

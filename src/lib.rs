@@ -2,19 +2,20 @@
 
 pub mod admin;
 pub mod admission;
-pub mod app;
 pub mod completion;
 pub mod config;
 pub mod error;
 pub mod fleet;
-pub mod health;
 pub mod http;
 pub mod keys;
 pub mod metrics;
 pub mod models;
 pub mod openapi;
+pub mod ops;
 pub mod request_log;
+pub mod router;
 pub mod server;
+pub mod state;
 pub mod store;
 pub mod upstream;
 pub mod usage;

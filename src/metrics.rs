@@ -12,9 +12,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::prometheus_text;
 use prometheus_client::metrics::counter::Counter;
@@ -23,8 +20,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::app::AppState;
 use crate::fleet::Fleet;
+
+/// The content type of [`Metrics::encode`]'s text.
+pub const PROMETHEUS_CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
 
 /// `{model, status, code}` of a finished request.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -231,7 +230,7 @@ impl Metrics {
         );
 
         for model in fleet.models() {
-            for upstream in model.upstreams() {
+            for upstream in model.nodes() {
                 let labels = UpstreamLabels::new(&model.id, &upstream.gpu);
                 let _ = in_flight.get_or_create(&labels);
                 let _ = upstream_ejections.get_or_create(&labels);
@@ -266,7 +265,7 @@ impl Metrics {
                     model: model.id.clone(),
                 })
                 .set(i64::from(model.queued()));
-            for upstream in model.upstreams() {
+            for upstream in model.nodes() {
                 let up = model.takes_requests(upstream);
                 self.0
                     .upstream_up
@@ -425,21 +424,5 @@ impl GaugeGuard {
 impl Drop for GaugeGuard {
     fn drop(&mut self) {
         self.0.dec();
-    }
-}
-
-/// `GET /metrics`.
-pub async fn scrape(State(state): State<AppState>) -> Response {
-    state.metrics().observe_fleet(state.fleet());
-    match state.metrics().encode() {
-        Ok(text) => (
-            [(header::CONTENT_TYPE, prometheus_text::CONTENT_TYPE)],
-            text,
-        )
-            .into_response(),
-        Err(err) => {
-            tracing::error!(error = %err, "could not encode the metrics");
-            StatusCode::INTERNAL_SERVER_ERROR.into_response()
-        }
     }
 }

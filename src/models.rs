@@ -6,9 +6,9 @@ use futures_util::future::join_all;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::app::AppState;
 use crate::completion::plan::FULL_VOCAB_MAX_PROMPT_TOKENS;
 use crate::fleet::Model;
+use crate::state::AppState;
 
 #[derive(Serialize, ToSchema)]
 pub struct ModelList {
@@ -63,7 +63,7 @@ async fn card(state: &AppState, model: &Model) -> ModelCard {
     // A model whose servers have not answered yet gets one attempt now.
     let served = match (model.served(), model.any_up()) {
         (Some(served), _) => Some(served),
-        (None, Some(node)) => state.upstream().discover(&node).await.ok(),
+        (None, Some(node)) => node.discover(state.upstream()).await.ok(),
         (None, None) => None,
     };
     ModelCard {

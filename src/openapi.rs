@@ -1,5 +1,6 @@
-//! The OpenAPI document of the public surface (`/v1/*` and `/health`), generated from
-//! the route annotations and the documentation schemas below. The request parser in
+//! The OpenAPI document's frame (info, tags, security schemes) and the documentation
+//! schemas the route annotations refer to; `router::openapi_document` puts the routes'
+//! annotations over it. The request parser in
 //! `completion::request` is the authority on the rules; a test walks this document's
 //! bounds against the parser so the two cannot drift apart.
 
@@ -47,11 +48,6 @@ impl Modify for BearerAuth {
             ),
         );
     }
-}
-
-/// The document as served at `/openapi.json` and checked in at `openapi/openapi.json`.
-pub fn document() -> utoipa::openapi::OpenApi {
-    crate::app::api_routes().split_for_parts().1
 }
 
 /// Request body of `POST /v1/completions`. Fields not listed here are rejected

@@ -16,8 +16,9 @@ use crate::admission::redis::RedisLimiter;
 use crate::admission::unlimited::Unlimited;
 use crate::admission::{Limiter, UsageSource};
 
-use crate::app::{AppState, build_router};
 use crate::config::{Config, LogFormat};
+use crate::router::build_router;
+use crate::state::AppState;
 
 /// Installs the global tracing subscriber (stderr; stdout belongs to CLI output).
 /// `RUST_LOG` refines the filter; the default logs requests at info.
@@ -65,9 +66,10 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    state.discover_upstreams().await;
-    let prober = tokio::spawn(crate::fleet::prober::run(state.clone()));
-    let keep_warm = tokio::spawn(crate::fleet::prober::keep_warm(state.clone()));
+    let probes = state.prober();
+    probes.discover().await;
+    let prober = tokio::spawn(probes.clone().run());
+    let keep_warm = tokio::spawn(probes.keep_warm());
     let grace = Duration::from_millis(state.config().shutdown_grace_ms);
     let tasks = state.tasks().clone();
     let draining = state.draining().clone();
@@ -150,7 +152,7 @@ async fn serve_ops(
         .await
         .with_context(|| format!("binding the ops listener {address}"))?;
     tracing::info!(address = %listener.local_addr()?, "fleetgate ops listening");
-    let router = crate::app::build_ops_router(state.clone());
+    let router = crate::router::build_ops_router(state.clone());
     Ok(tokio::spawn(async move {
         if let Err(err) = axum::serve(listener, router).await {
             tracing::error!(error = %err, "the ops listener failed");

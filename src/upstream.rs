@@ -1,4 +1,5 @@
-//! HTTP to the vLLM servers: model discovery, tokenization and forwarding completions.
+//! HTTP to the vLLM servers: what a server serves and reports, tokenization, hooks and
+//! forwarding completions. A leaf: it knows base URLs, not the fleet that holds them.
 
 use std::time::Duration;
 
@@ -7,10 +8,27 @@ use serde::Deserialize;
 
 use crate::config::UpstreamSettings;
 use crate::error::ApiError;
-use crate::fleet::{Served, Upstream};
 
 /// Bodies of upstream error responses are read up to this size; the rest is dropped.
 const ERROR_BODY_LIMIT: usize = 64 * 1024;
+
+/// What a vLLM server reported about itself in `/v1/models`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Served {
+    /// The served checkpoint name: what vLLM expects in `model` and reports back.
+    pub name: String,
+    pub max_model_len: u64,
+}
+
+/// One reading of a vLLM server's own load, from its `GET /metrics`.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct NodeLoad {
+    /// `vllm:num_requests_waiting`, summed over engines.
+    pub waiting: u64,
+    /// `vllm:kv_cache_usage_perc` (0.9.2+) or `vllm:gpu_cache_usage_perc` (older), the
+    /// fullest engine, 0..1.
+    pub kv_cache_usage: f64,
+}
 
 #[derive(Clone)]
 pub struct UpstreamClient {
@@ -45,6 +63,34 @@ impl From<UpstreamError> for ApiError {
     }
 }
 
+impl NodeLoad {
+    /// Reads the two gauges from Prometheus text; other lines, comments and
+    /// unparseable values are skipped (label order and `_created` series vary by version).
+    pub fn parse(text: &str) -> Self {
+        let mut load = Self::default();
+        for line in text.lines() {
+            let Some((series, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let Ok(value) = value.trim().parse::<f64>() else {
+                continue;
+            };
+            if !value.is_finite() || value < 0.0 {
+                continue;
+            }
+            let name = series.split('{').next().unwrap_or("").trim();
+            match name {
+                "vllm:num_requests_waiting" => load.waiting += value as u64,
+                "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => {
+                    load.kv_cache_usage = load.kv_cache_usage.max(value);
+                }
+                _ => {}
+            }
+        }
+        load
+    }
+}
+
 #[derive(Deserialize)]
 struct ModelList {
     data: Vec<ModelCard>,
@@ -73,56 +119,38 @@ impl UpstreamClient {
         Ok(Self { http })
     }
 
-    /// What the upstream serves: remembered, or asked.
-    pub async fn discover(
-        &self,
-        upstream: &Upstream,
-    ) -> Result<std::sync::Arc<Served>, UpstreamError> {
-        match upstream.served() {
-            Some(served) => Ok(served),
-            None => self.fetch_served(upstream).await,
-        }
-    }
-
     /// `GET {path}` on the upstream; any status but a 2xx is an error.
-    async fn get_ok(
-        &self,
-        upstream: &Upstream,
-        path: &str,
-    ) -> Result<reqwest::Response, UpstreamError> {
+    async fn get_ok(&self, url: &str, path: &str) -> Result<reqwest::Response, UpstreamError> {
         let response = self
             .http
-            .get(format!("{}{path}", upstream.url))
+            .get(format!("{}{path}", url))
             .send()
             .await
-            .map_err(unreachable(upstream))?;
+            .map_err(unreachable(url))?;
         if response.status().is_success() {
             Ok(response)
         } else {
             Err(UpstreamError::Unexpected {
-                url: upstream.url.clone(),
+                url: url.to_owned(),
                 what: format!("{} on GET {path}", response.status()),
             })
         }
     }
 
     /// `GET /health`: a 2xx means the engine is alive.
-    pub async fn health(&self, upstream: &Upstream) -> Result<(), UpstreamError> {
-        self.get_ok(upstream, "/health").await.map(drop)
+    pub async fn health(&self, url: &str) -> Result<(), UpstreamError> {
+        self.get_ok(url, "/health").await.map(drop)
     }
 
     /// `GET /metrics`: the node's own queue and KV-cache use.
-    pub async fn node_load(
-        &self,
-        upstream: &Upstream,
-    ) -> Result<crate::fleet::load::NodeLoad, UpstreamError> {
+    pub async fn node_load(&self, url: &str) -> Result<NodeLoad, UpstreamError> {
         let text = self
-            .get_ok(upstream, "/metrics")
+            .get_ok(url, "/metrics")
             .await?
             .text()
             .await
-            .map_err(unreachable(upstream))?;
-        Ok(crate::fleet::load::NodeLoad::parse(&text))
+            .map_err(unreachable(url))?;
+        Ok(NodeLoad::parse(&text))
     }
 
     /// `POST` to a model's wake or sleep hook; `Ok` on a 2xx answer. Errors name the
@@ -152,20 +180,11 @@ impl UpstreamClient {
         }
     }
 
-    /// Asks the upstream what it serves (`GET /v1/models`) and remembers the answer.
-    pub async fn fetch_served(
-        &self,
-        upstream: &Upstream,
-    ) -> Result<std::sync::Arc<Served>, UpstreamError> {
-        let served = self.read_served(upstream).await?;
-        Ok(upstream.set_served(served))
-    }
-
     /// Asks the upstream what it serves (`GET /v1/models`).
-    pub async fn read_served(&self, upstream: &Upstream) -> Result<Served, UpstreamError> {
-        let response = self.get_ok(upstream, "/v1/models").await?;
+    pub async fn read_served(&self, url: &str) -> Result<Served, UpstreamError> {
+        let response = self.get_ok(url, "/v1/models").await?;
         let unexpected = |what: String| UpstreamError::Unexpected {
-            url: upstream.url.clone(),
+            url: url.to_owned(),
             what,
         };
         let list: ModelList = response
@@ -190,7 +209,7 @@ impl UpstreamClient {
     /// Counts the tokens of a text prompt with the upstream's own tokenizer.
     pub async fn count_tokens(
         &self,
-        upstream: &Upstream,
+        url: &str,
         served: &Served,
         prompt: &str,
         add_special_tokens: bool,
@@ -202,11 +221,11 @@ impl UpstreamClient {
         });
         let response = self
             .http
-            .post(format!("{}/tokenize", upstream.url))
+            .post(format!("{}/tokenize", url))
             .json(&body)
             .send()
             .await
-            .map_err(unreachable(upstream))?;
+            .map_err(unreachable(url))?;
         if !response.status().is_success() {
             return Err(upstream_rejection(response).await);
         }
@@ -215,7 +234,7 @@ impl UpstreamClient {
                 .json()
                 .await
                 .map_err(|e| UpstreamError::Unexpected {
-                    url: upstream.url.clone(),
+                    url: url.to_owned(),
                     what: format!("an unreadable /tokenize answer: {e}"),
                 })?;
         Ok(parsed.count)
@@ -224,23 +243,23 @@ impl UpstreamClient {
     /// Sends a completion request; the response (any status) is returned unread.
     pub async fn send_completion(
         &self,
-        upstream: &Upstream,
+        url: &str,
         body: Bytes,
     ) -> Result<reqwest::Response, UpstreamError> {
         self.http
-            .post(format!("{}/v1/completions", upstream.url))
+            .post(format!("{}/v1/completions", url))
             .header(http::header::CONTENT_TYPE, "application/json")
             .body(body)
             .send()
             .await
-            .map_err(unreachable(upstream))
+            .map_err(unreachable(url))
     }
 }
 
-/// The error for a request to `upstream` that got no answer.
-fn unreachable(upstream: &Upstream) -> impl Fn(reqwest::Error) -> UpstreamError + '_ {
+/// The error for a request to `url` that got no answer.
+fn unreachable(url: &str) -> impl Fn(reqwest::Error) -> UpstreamError + '_ {
     |source| UpstreamError::Unreachable {
-        url: upstream.url.clone(),
+        url: url.to_owned(),
         source,
     }
 }
@@ -295,5 +314,35 @@ fn vllm_error_message(body: &[u8]) -> Option<String> {
         serde_json::Value::String(s) if !s.is_empty() => Some(s.clone()),
         serde_json::Value::String(_) => None,
         other => Some(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_waiting_and_kv_cache_across_engines_and_versions() {
+        let text = r#"# HELP vllm:num_requests_waiting Number of requests waiting.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 3.0
+vllm:num_requests_waiting{model_name="m",engine="1"} 2.0
+vllm:num_requests_running{engine="0",model_name="m"} 9.0
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5
+http_requests_total{handler="/v1/completions"} 12.0
+garbage line
+vllm:num_requests_waiting{engine="2"} NaN
+"#;
+        assert_eq!(
+            NodeLoad::parse(text),
+            NodeLoad {
+                waiting: 5,
+                kv_cache_usage: 0.5
+            }
+        );
+        let old = "vllm:gpu_cache_usage_perc{model_name=\"m\"} 0.75\n";
+        assert_eq!(NodeLoad::parse(old).kv_cache_usage, 0.75);
+        assert_eq!(NodeLoad::parse(""), NodeLoad::default());
     }
 }

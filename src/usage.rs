@@ -5,9 +5,9 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::admission::{KeyLimits, Month};
-use crate::app::AppState;
 use crate::error::ApiError;
 use crate::http::auth::Caller;
+use crate::state::AppState;
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct KeyUsage {

@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use crate::admission::{Admitted, Cost, Denial, Grant, KeyLimits, Month};
-use crate::app::AppState;
 use crate::error::ApiError;
 use crate::metrics::Refusal;
+use crate::state::AppState;
 
 /// Pause before the second attempt of [`give_back_unconfirmed`]; doubled after each
 /// failed attempt, up to [`GIVE_BACK_MAX_PAUSE`].

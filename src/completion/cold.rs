@@ -25,14 +25,15 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::app::AppState;
+use super::draining::shutting_down;
+use super::job::Job;
 use crate::completion::dispatch::Window;
 use crate::completion::settle::Settlement;
-use crate::completion::{Job, shutting_down};
 use crate::error::ApiError;
 use crate::fleet::Model;
 use crate::http::envelope::envelope_json;
 use crate::http::request_record::RequestRecord;
+use crate::state::AppState;
 
 /// Waits until a woken model has a node up, at most its boot timeout.
 pub async fn wait_booted(model: &Model) -> Result<(), ApiError> {

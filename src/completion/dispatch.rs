@@ -13,24 +13,24 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::StatusCode;
 
-use crate::app::AppState;
 use crate::completion::settle::Settlement;
 use crate::error::ApiError;
-use crate::fleet::{Model, NoNode, Upstream};
+use crate::fleet::{Model, NoNode, Node};
 use crate::metrics::UpstreamOutcome;
+use crate::state::AppState;
 use crate::upstream::upstream_rejection;
 
 /// A node's answer (headers read, body not yet) and what is needed to relay it.
 pub struct Dispatched {
     pub response: reqwest::Response,
-    pub upstream: Arc<Upstream>,
+    pub upstream: Arc<Node>,
     pub sent: Instant,
 }
 
 /// A failed dispatch and the node that failed, if one was tried.
 pub struct Failed {
     pub error: ApiError,
-    pub upstream: Option<Arc<Upstream>>,
+    pub upstream: Option<Arc<Node>>,
 }
 
 /// How long a non-streaming request may wait for its answer.
@@ -45,7 +45,7 @@ pub async fn dispatch(
     settlement: &mut Settlement,
     window: Window,
 ) -> Result<Dispatched, Failed> {
-    let mut failed: Option<(Arc<Upstream>, ApiError)> = None;
+    let mut failed: Option<(Arc<Node>, ApiError)> = None;
     // One window for the request, failover included.
     let deadline = window.0.map(|w| tokio::time::Instant::now() + w);
     loop {
@@ -54,7 +54,7 @@ pub async fn dispatch(
             taken = model.acquire(exclude) => taken,
             () = state.draining().cancelled() => {
                 return Err(Failed {
-                    error: crate::completion::shutting_down(),
+                    error: super::draining::shutting_down(),
                     upstream: failed.map(|(u, _)| u),
                 });
             }
@@ -89,7 +89,9 @@ pub async fn dispatch(
             continue;
         }
         let sent = Instant::now();
-        let call = state.upstream().send_completion(&upstream, body.clone());
+        let call = state
+            .upstream()
+            .send_completion(&upstream.url, body.clone());
         let answer = tokio::select! {
             answer = within(deadline, call) => answer,
             () = lost.cancelled() => {
@@ -167,9 +169,9 @@ async fn within<T>(
 /// Takes a node that failed a request out of rotation, unless it is the model's last
 /// node in rotation: with no other node to send to, ejecting it would only turn its
 /// failures into refusals. The prober ejects a last node that is really down.
-pub fn eject(state: &AppState, model: &Model, upstream: &Upstream) {
+pub fn eject(state: &AppState, model: &Model, upstream: &Node) {
     let others_up = model
-        .upstreams()
+        .nodes()
         .iter()
         .any(|u| !std::ptr::eq(&**u, upstream) && u.health.is_up());
     if others_up && upstream.health.request_failed() {

@@ -4,6 +4,8 @@ pub mod admit;
 pub mod chat;
 pub mod cold;
 pub mod dispatch;
+mod draining;
+mod job;
 pub mod meter;
 pub mod plan;
 pub mod relay;
@@ -22,14 +24,17 @@ use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::KeyLimits;
-use crate::app::AppState;
 use crate::error::ApiError;
-use crate::fleet::{Model, NoNode, Served, Upstream};
+use crate::fleet::{Model, NoNode, Node};
 use crate::http::auth::Caller;
 use crate::http::body::{read_limited, require_json};
 use crate::http::envelope::RequestId;
 use crate::http::request_record::{RequestRecord, workload};
-use dispatch::{Dispatched, Window};
+use crate::state::AppState;
+use crate::upstream::Served;
+use dispatch::Window;
+use draining::unless_draining;
+use job::Job;
 use plan::{DeadlineFit, Plan, PlanError, Planner};
 use request::CompletionRequest;
 use settle::Settlement;
@@ -123,7 +128,7 @@ pub async fn create_completion(
 /// What a model serves, and a node that is up to count tokens with (none while the
 /// model boots).
 struct Facts {
-    node: Option<Arc<Upstream>>,
+    node: Option<Arc<Node>>,
     served: Arc<Served>,
 }
 
@@ -166,9 +171,9 @@ impl Facts {
     /// next one asked.
     async fn ask_nodes(state: &AppState, model: &Model) -> Result<Option<Self>, ApiError> {
         let mut last_error = None;
-        for _ in 0..model.upstreams().len() {
+        for _ in 0..model.nodes().len() {
             let Some(node) = model.any_up() else { break };
-            match state.upstream().discover(&node).await {
+            match node.discover(state.upstream()).await {
                 Ok(served) => {
                     return Ok(Some(Self {
                         node: Some(node),
@@ -201,7 +206,7 @@ async fn forward(
     let window =
         (!request.stream()).then(|| Duration::from_millis(state.config().fleet.request_window_ms));
     // Each node found dead while counting tokens is replaced once by another.
-    let mut attempts = model.upstreams().len() + 1;
+    let mut attempts = model.nodes().len() + 1;
     let plan = loop {
         let planner = Planner {
             client: state.upstream(),
@@ -282,22 +287,6 @@ async fn forward(
     Ok(response)
 }
 
-/// Runs `work` unless the shutdown grace period ends first (then 503).
-pub(crate) async fn unless_draining<T>(
-    state: &AppState,
-    work: impl Future<Output = Result<T, ApiError>>,
-) -> Result<T, ApiError> {
-    tokio::select! {
-        done = work => done,
-        () = state.draining().cancelled() => Err(shutting_down()),
-    }
-}
-
-/// 503: the shutdown grace period is over and the request had not started.
-pub(crate) fn shutting_down() -> ApiError {
-    ApiError::UpstreamUnavailable("fleetgate is shutting down. Retry shortly.".into())
-}
-
 /// Resolves when `token` is cancelled; never without one.
 async fn cancelled(token: Option<&CancellationToken>) {
     match token {
@@ -326,57 +315,10 @@ fn clamp_header(plan: &Plan, applied: u64, budget_clamped: bool) -> Option<Heade
     HeaderValue::from_str(&value).ok()
 }
 
-/// An admitted request, ready to go to a node.
-struct Job<'a> {
-    state: &'a AppState,
-    model: &'a Model,
-    /// Whether the client asked for a stream's usage frame.
-    include_usage: bool,
-    body: Bytes,
-    window: Window,
-}
-
-impl Job<'_> {
-    /// Dispatches to a node and relays its answer; also returns the node that ran (or
-    /// failed) the request.
-    async fn run(
-        &self,
-        mut settlement: Settlement,
-    ) -> (Result<Response, ApiError>, Option<Arc<Upstream>>) {
-        let dispatched = match dispatch::dispatch(
-            self.state,
-            self.model,
-            self.body.clone(),
-            &mut settlement,
-            self.window,
-        )
-        .await
-        {
-            Ok(dispatched) => dispatched,
-            Err(failed) => {
-                settlement.release_unused().await;
-                return (Err(failed.error), failed.upstream);
-            }
-        };
-        let Dispatched {
-            response,
-            upstream,
-            sent,
-        } = dispatched;
-        let timing = relay::Timing {
-            metrics: self.state.metrics().upstream(&self.model.id, &upstream.gpu),
-            sent,
-        };
-        let cut = relay::cut(self.state.draining().clone(), upstream.lost());
-        let relayed = relay::relay(response, settlement, self.include_usage, timing, cut).await;
-        (relayed, Some(upstream))
-    }
-}
-
 /// `X-Acs-Upstream-Model` / `X-Acs-Upstream-Gpu`: which backend served (or failed); the
 /// model only once the upstream has said what it serves.
 fn upstream_tags(
-    upstream: Option<&Upstream>,
+    upstream: Option<&Node>,
     served: Option<&Served>,
 ) -> Vec<(HeaderName, HeaderValue)> {
     let mut tags = Vec::with_capacity(2);

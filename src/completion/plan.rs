@@ -7,7 +7,8 @@
 use crate::admission::Cost;
 use crate::completion::request::{CompletionRequest, MAX_OUTPUT_WORK, Prompt};
 use crate::error::ApiError;
-use crate::fleet::{Served, Upstream};
+use crate::fleet::Node;
+use crate::upstream::Served;
 use crate::upstream::UpstreamClient;
 
 /// Longest prompt (in tokens) allowed with `prompt_logprobs: -1`.
@@ -29,7 +30,7 @@ pub struct Plan {
 pub struct Planner<'a> {
     pub client: &'a UpstreamClient,
     /// A node that is up, to count tokens; `None` while the model boots.
-    pub upstream: Option<&'a Upstream>,
+    pub upstream: Option<&'a Node>,
     pub served: &'a Served,
     /// For a non-streaming request, the tokens one sequence can decode within the
     /// request window, and the window.
@@ -163,7 +164,12 @@ impl Planner<'_> {
         };
         let count = self
             .client
-            .count_tokens(upstream, self.served, text, request.add_special_tokens())
+            .count_tokens(
+                &upstream.url,
+                self.served,
+                text,
+                request.add_special_tokens(),
+            )
             .await?;
         tokens.counts[index] = count;
         tokens.exact[index] = true;

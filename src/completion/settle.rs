@@ -9,11 +9,11 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::{Grant, Limiter};
-use crate::app::AppState;
 use crate::completion::meter::Meter;
 use crate::fleet::InFlight;
 use crate::http::request_record::RequestRecord;
 use crate::metrics::GaugeGuard;
+use crate::state::AppState;
 use crate::store::UsageRow;
 
 /// Owns an admitted request's slot and reservation until it is settled; dropping it

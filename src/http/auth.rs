@@ -7,10 +7,10 @@ use axum::http::header;
 use axum::middleware::Next;
 use axum::response::Response;
 
-use crate::app::AppState;
 use crate::error::ApiError;
 use crate::http::request_record::RequestRecord;
 use crate::keys;
+use crate::state::AppState;
 use crate::store::LimitOverrides;
 
 /// The authenticated caller, available to handlers as an extension.

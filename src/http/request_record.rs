@@ -17,11 +17,11 @@ use axum::http::HeaderName;
 use axum::middleware::Next;
 use axum::response::Response;
 
-use crate::app::AppState;
 use crate::error::ErrorBody;
 use crate::http::envelope::RequestId;
 use crate::metrics::{FinishedRequest, Metrics};
 use crate::request_log::RequestLog;
+use crate::state::AppState;
 use crate::store::RequestLogRow;
 
 const X_ACS_WORKLOAD: HeaderName = HeaderName::from_static("x-acs-workload");

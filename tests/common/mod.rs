@@ -17,11 +17,11 @@ use std::sync::Arc;
 use fleetgate::admission::Limiter;
 use fleetgate::admission::ledger::LedgerUsage;
 use fleetgate::admission::local::LocalLimiter;
-use fleetgate::app::AppState;
 use fleetgate::config::Config;
-use mock_vllm::{MockConfig, MockVllm};
 use fleetgate::server;
+use fleetgate::state::AppState;
 use fleetgate::store::LimitOverrides;
+use mock_vllm::{MockConfig, MockVllm};
 use tokio::sync::oneshot;
 
 pub const MODEL: &str = "llama-8b";
@@ -89,7 +89,7 @@ impl Gateway {
             .unwrap();
         // Start-up asks every node what it serves (and ejects the silent ones); done
         // here so that a test's fault injection comes after it.
-        state.discover_upstreams().await;
+        state.prober().discover().await;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (tx, rx) = oneshot::channel();

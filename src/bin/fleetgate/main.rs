@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use fleetgate::config::Config;
-use fleetgate::store::{LimitOverrides, LimitUpdate};
 use fleetgate::server;
+use fleetgate::store::{LimitOverrides, LimitUpdate};
 
 mod cli;
 mod demo;
@@ -210,7 +210,10 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Openapi => {
-            println!("{}", fleetgate::openapi::document().to_pretty_json()?);
+            println!(
+                "{}",
+                fleetgate::router::openapi_document().to_pretty_json()?
+            );
             Ok(())
         }
     }

@@ -1,3 +1,5 @@
+//! The ops routes, served without a key (and on `ops_listen` too): `GET /metrics`, the
+//! Prometheus text of [`Metrics`](crate::metrics::Metrics), and
 //! `GET /health`: whether the gateway can serve (its store answers) and, per model,
 //! whether any node is up to run requests (no key needed). `?verbose=true` adds each
 //! node's state (by its GPU label; node addresses are not published).
@@ -8,13 +10,14 @@
 
 use axum::Json;
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use crate::app::AppState;
 use crate::error::ApiError;
 use crate::fleet::Model;
+use crate::state::AppState;
 
 #[derive(Serialize, ToSchema)]
 pub struct Health {
@@ -121,11 +124,11 @@ fn model_health(model: &Model, verbose: bool) -> ModelHealth {
         ready: nodes_up > 0,
         asleep: model.sleep.is_asleep(),
         nodes_up,
-        nodes: model.upstreams().len(),
+        nodes: model.nodes().len(),
         queued: model.queued(),
         upstreams: verbose.then(|| {
             model
-                .upstreams()
+                .nodes()
                 .iter()
                 .map(|u| NodeHealth {
                     gpu: u.gpu.clone(),
@@ -134,5 +137,24 @@ fn model_health(model: &Model, verbose: bool) -> ModelHealth {
                 })
                 .collect()
         }),
+    }
+}
+
+/// `GET /metrics`.
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    state.metrics().observe_fleet(state.fleet());
+    match state.metrics().encode() {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                crate::metrics::PROMETHEUS_CONTENT_TYPE,
+            )],
+            text,
+        )
+            .into_response(),
+        Err(err) => {
+            tracing::error!(error = %err, "could not encode the metrics");
+            StatusCode::INTERNAL_SERVER_ERROR.into_response()
+        }
     }
 }

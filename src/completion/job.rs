@@ -1,0 +1,61 @@
+//! An admitted request, ready to go: dispatched to a node (`dispatch.rs`), its answer
+//! relayed and metered (`relay.rs`).
+
+use std::sync::Arc;
+
+use axum::response::Response;
+use bytes::Bytes;
+
+use super::dispatch::{self, Dispatched, Window};
+use super::relay;
+use super::settle::Settlement;
+use crate::error::ApiError;
+use crate::fleet::{Model, Node};
+use crate::state::AppState;
+
+/// An admitted request, ready to go to a node.
+pub(super) struct Job<'a> {
+    pub(super) state: &'a AppState,
+    pub(super) model: &'a Model,
+    /// Whether the client asked for a stream's usage frame.
+    pub(super) include_usage: bool,
+    pub(super) body: Bytes,
+    pub(super) window: Window,
+}
+
+impl Job<'_> {
+    /// Dispatches to a node and relays its answer; also returns the node that ran (or
+    /// failed) the request.
+    pub(super) async fn run(
+        &self,
+        mut settlement: Settlement,
+    ) -> (Result<Response, ApiError>, Option<Arc<Node>>) {
+        let dispatched = match dispatch::dispatch(
+            self.state,
+            self.model,
+            self.body.clone(),
+            &mut settlement,
+            self.window,
+        )
+        .await
+        {
+            Ok(dispatched) => dispatched,
+            Err(failed) => {
+                settlement.release_unused().await;
+                return (Err(failed.error), failed.upstream);
+            }
+        };
+        let Dispatched {
+            response,
+            upstream,
+            sent,
+        } = dispatched;
+        let timing = relay::Timing {
+            metrics: self.state.metrics().upstream(&self.model.id, &upstream.gpu),
+            sent,
+        };
+        let cut = relay::cut(self.state.draining().clone(), upstream.lost());
+        let relayed = relay::relay(response, settlement, self.include_usage, timing, cut).await;
+        (relayed, Some(upstream))
+    }
+}

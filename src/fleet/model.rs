@@ -1,0 +1,227 @@
+//! One configured model: its nodes, the power-of-two-choices pick among those that are
+//! up and have room, and its fleet queue (`fleet.queue_size`, `fleet.queue_timeout_ms`)
+//! for when every node that is up is at its `max_in_flight`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use tokio::sync::Notify;
+
+use super::ejection::Backoff;
+use super::node::{InFlight, Node};
+use super::sleep::Sleep;
+use crate::config::{FleetSettings, ModelConfig};
+use crate::error::ApiError;
+use crate::upstream::Served;
+
+pub struct Model {
+    pub id: String,
+    pub is_default: bool,
+    pub max_logprobs: u32,
+    /// Worst-case decode speed of one sequence, for the non-streaming window.
+    pub decode_tokens_per_second: f64,
+    nodes: Vec<Arc<Node>>,
+    /// Signalled when a request leaves a node or a node comes up.
+    freed: Arc<Notify>,
+    /// Requests waiting in this model's fleet queue.
+    queued: AtomicU32,
+    queue_size: u32,
+    queue_timeout: Duration,
+    /// Scale to zero (wake hook, keep-warm), when configured.
+    pub sleep: Sleep,
+}
+
+/// Why no node could be had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoNode {
+    /// No node of the model is up (or the model is asleep).
+    NoneUp,
+    /// Every node that is up stayed at its `max_in_flight` for the whole queue time,
+    /// or the queue was full.
+    Busy,
+}
+
+impl NoNode {
+    pub fn into_error(self, model: &str) -> ApiError {
+        ApiError::UpstreamUnavailable(match self {
+            Self::NoneUp => format!("No node of model '{model}' is up right now. Retry shortly."),
+            Self::Busy => format!(
+                "Every node of model '{model}' is at capacity and the wait queue is full or timed out. Retry shortly."
+            ),
+        })
+    }
+}
+
+impl Model {
+    pub(super) fn new(config: &ModelConfig, fleet: &FleetSettings) -> Self {
+        let freed = Arc::new(Notify::new());
+        let backoff = Backoff {
+            base: Duration::from_millis(fleet.eject_base_ms),
+            max: Duration::from_millis(fleet.eject_max_ms),
+        };
+        Self {
+            id: config.id.clone(),
+            is_default: config.default,
+            max_logprobs: config.max_logprobs,
+            decode_tokens_per_second: config.decode_tokens_per_second,
+            nodes: config
+                .upstreams
+                .iter()
+                .map(|u| Node::new(u, backoff, Arc::clone(&freed)))
+                .collect(),
+            freed,
+            queued: AtomicU32::new(0),
+            queue_size: fleet.queue_size,
+            queue_timeout: Duration::from_millis(fleet.queue_timeout_ms),
+            sleep: Sleep::new(config),
+        }
+    }
+
+    pub fn nodes(&self) -> &[Arc<Node>] {
+        &self.nodes
+    }
+
+    /// Whether `node` takes requests: it is up and its model is not asleep.
+    pub fn takes_requests(&self, node: &Node) -> bool {
+        !self.sleep.is_asleep() && node.health.is_up()
+    }
+
+    /// The nodes that take requests.
+    pub fn in_rotation(&self) -> impl Iterator<Item = &Arc<Node>> {
+        self.nodes.iter().filter(|u| self.takes_requests(u))
+    }
+
+    /// Whether any node takes requests.
+    pub fn is_up(&self) -> bool {
+        self.in_rotation().next().is_some()
+    }
+
+    /// Requests waiting in the fleet queue now.
+    pub fn queued(&self) -> u32 {
+        self.queued.load(Ordering::Relaxed)
+    }
+
+    /// Requests in flight on all nodes.
+    pub fn in_flight(&self) -> usize {
+        self.nodes.iter().map(|u| u.in_flight()).sum()
+    }
+
+    /// A node that is up, for questions about the model (`/v1/models`, `/tokenize`);
+    /// not counted in flight.
+    pub fn any_up(&self) -> Option<Arc<Node>> {
+        match self.in_rotation().count() {
+            0 => None,
+            n => self
+                .in_rotation()
+                .nth(rand::rng().random_range(0..n))
+                .map(Arc::clone),
+        }
+    }
+
+    /// A node for the next request, counted in flight from here on; waits in the fleet
+    /// queue while every node that is up is full. `exclude`: a node that just failed
+    /// this request.
+    pub async fn acquire(&self, exclude: Option<&Node>) -> Result<InFlight, NoNode> {
+        let give_up = Instant::now() + self.queue_timeout;
+        let mut waiting: Option<Queued<'_>> = None;
+        loop {
+            // Registered before looking, so a slot freed in between is not missed.
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            match self.try_pick(exclude) {
+                Ok(taken) => return Ok(taken),
+                Err(NoNode::NoneUp) => return Err(NoNode::NoneUp),
+                Err(NoNode::Busy) => {}
+            }
+            if waiting.is_none() {
+                waiting = Some(Queued::join(self).ok_or(NoNode::Busy)?);
+            }
+            tokio::time::timeout_at(give_up.into(), freed)
+                .await
+                .map_err(|_| NoNode::Busy)?;
+        }
+    }
+
+    /// Power of two choices among the nodes that are up and have room.
+    fn try_pick(&self, exclude: Option<&Node>) -> Result<InFlight, NoNode> {
+        let up = self
+            .in_rotation()
+            .filter(|u| !exclude.is_some_and(|e| std::ptr::eq(e, &***u)));
+        let mut open: Vec<&Arc<Node>> = Vec::with_capacity(self.nodes.len());
+        let mut any_up = false;
+        for upstream in up {
+            any_up = true;
+            if upstream.has_room() {
+                open.push(upstream);
+            }
+        }
+        if !any_up {
+            return Err(NoNode::NoneUp);
+        }
+        // Another request may take the last slot between the look and the take: retry
+        // with what is left.
+        while !open.is_empty() {
+            let mut rng = rand::rng();
+            let n = open.len();
+            let a = rng.random_range(0..n);
+            let pick = if n == 1 {
+                a
+            } else {
+                let b = (a + rng.random_range(1..n)) % n;
+                if open[b].lighter_than(open[a]) { b } else { a }
+            };
+            if let Some(taken) = open[pick].try_start() {
+                return Ok(taken);
+            }
+            open.swap_remove(pick);
+        }
+        Err(NoNode::Busy)
+    }
+
+    /// Waits until a node is up (a boot finished), at most until `until`.
+    pub async fn wait_up(&self, until: Instant) -> bool {
+        loop {
+            let came_up = self.freed.notified();
+            tokio::pin!(came_up);
+            came_up.as_mut().enable();
+            if self.is_up() {
+                return true;
+            }
+            if tokio::time::timeout_at(until.into(), came_up)
+                .await
+                .is_err()
+            {
+                return self.is_up();
+            }
+        }
+    }
+
+    /// What the first upstream that has answered `/v1/models` serves, if any has.
+    pub fn served(&self) -> Option<Arc<Served>> {
+        self.nodes.iter().find_map(|u| u.served())
+    }
+}
+
+/// A place in a model's fleet queue, given back on drop.
+struct Queued<'a>(&'a Model);
+
+impl<'a> Queued<'a> {
+    fn join(model: &'a Model) -> Option<Self> {
+        model
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < model.queue_size).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Self(model))
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.queued.fetch_sub(1, Ordering::AcqRel);
+    }
+}

@@ -1,0 +1,175 @@
+//! One vLLM node of a model: its address, weight and capacity, the requests in flight
+//! on it, its health (`ejection.rs`), the load it reports (`load.rs`) and what it serves.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::ejection::{Backoff, Health};
+use super::load::Reported;
+use crate::config::UpstreamConfig;
+use crate::upstream::{Served, UpstreamClient, UpstreamError};
+
+/// One vLLM server.
+pub struct Node {
+    /// Base URL without a trailing slash.
+    pub url: String,
+    /// Label returned in `X-Acs-Upstream-Gpu`.
+    pub gpu: String,
+    /// Relative capacity: the upstream's load is its in-flight count over its weight.
+    pub weight: u32,
+    max_in_flight: Option<usize>,
+    /// Requests sent to this upstream and not yet settled.
+    in_flight: AtomicUsize,
+    pub health: Health,
+    /// What the node last reported about its own queue and KV cache.
+    pub reported: Reported,
+    /// The model's `freed`.
+    freed: Arc<Notify>,
+    served: RwLock<Option<Arc<Served>>>,
+}
+
+/// Counts a request as in flight on its upstream while it lives.
+pub struct InFlight(Arc<Node>);
+
+impl InFlight {
+    pub fn upstream(&self) -> &Arc<Node> {
+        &self.0
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        // Every waiter looks again: one woken alone might be a failover that must avoid
+        // this very node, while another could have used the slot.
+        self.0.freed.notify_waiters();
+    }
+}
+
+impl Node {
+    pub(super) fn new(config: &UpstreamConfig, backoff: Backoff, freed: Arc<Notify>) -> Arc<Self> {
+        Arc::new(Self {
+            url: config.url.trim_end_matches('/').to_owned(),
+            gpu: config.gpu.clone(),
+            weight: config.weight,
+            max_in_flight: config.max_in_flight.map(|m| m as usize),
+            in_flight: AtomicUsize::new(0),
+            health: Health::new(backoff),
+            reported: Reported::default(),
+            freed,
+            served: RwLock::new(None),
+        })
+    }
+
+    /// Counts one more request in flight here, unless the node is at `max_in_flight`.
+    pub(super) fn try_start(self: &Arc<Self>) -> Option<InFlight> {
+        let limit = self.max_in_flight.unwrap_or(usize::MAX);
+        self.in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| InFlight(Arc::clone(self)))
+    }
+
+    pub(super) fn has_room(&self) -> bool {
+        self.max_in_flight.is_none_or(|m| self.in_flight() < m)
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Cancelled if the node is found dead while a request is on it.
+    pub fn lost(&self) -> CancellationToken {
+        self.health.lost()
+    }
+
+    /// The node came up again: wake the requests of its model waiting for one.
+    pub fn announce_up(&self) {
+        self.freed.notify_waiters();
+    }
+
+    /// Whether this upstream is less loaded than `other`: requests in flight from here
+    /// plus those waiting in the node's own queue (which counts other replicas' too),
+    /// over the weight (compared without division); on a tie, the emptier KV cache.
+    pub(super) fn lighter_than(&self, other: &Node) -> bool {
+        let load = |u: &Node, w: u32| {
+            (u.in_flight() as u128 + u128::from(u.reported.waiting())) * u128::from(w)
+        };
+        let (mine, theirs) = (load(self, other.weight), load(other, self.weight));
+        mine < theirs
+            || (mine == theirs && self.reported.kv_permille() < other.reported.kv_permille())
+    }
+
+    pub fn served(&self) -> Option<Arc<Served>> {
+        self.served.read().ok().and_then(|s| s.clone())
+    }
+
+    /// What the node serves: remembered, or asked (`GET /v1/models`) and remembered.
+    pub async fn discover(&self, client: &UpstreamClient) -> Result<Arc<Served>, UpstreamError> {
+        match self.served() {
+            Some(served) => Ok(served),
+            None => Ok(self.set_served(client.read_served(&self.url).await?)),
+        }
+    }
+
+    pub fn set_served(&self, served: Served) -> Arc<Served> {
+        let served = Arc::new(served);
+        if let Ok(mut slot) = self.served.write() {
+            *slot = Some(Arc::clone(&served));
+        }
+        served
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::upstream::NodeLoad;
+    use std::time::Duration;
+
+    fn node(weight: u32) -> Arc<Node> {
+        let config = UpstreamConfig {
+            url: "http://127.0.0.1:1".into(),
+            gpu: "g".into(),
+            weight,
+            max_in_flight: None,
+        };
+        let backoff = Backoff {
+            base: Duration::from_secs(1),
+            max: Duration::from_secs(1),
+        };
+        Node::new(&config, backoff, Arc::new(Notify::new()))
+    }
+
+    #[test]
+    fn the_lighter_node_counts_its_own_queue_weight_and_kv_cache() {
+        let (a, b) = (node(1), node(1));
+        let _busy = a.try_start();
+        assert!(b.lighter_than(&a), "fewer in flight");
+        b.reported.set(NodeLoad {
+            waiting: 2,
+            kv_cache_usage: 0.0,
+        });
+        assert!(
+            a.lighter_than(&b),
+            "two waiting in vLLM's queue outweigh one in flight"
+        );
+        let heavy = node(3);
+        let _three: Vec<_> = (0..3).map(|_| heavy.try_start()).collect();
+        assert!(
+            !heavy.lighter_than(&a) && !a.lighter_than(&heavy),
+            "3/3 = 1/1"
+        );
+        let (c, d) = (node(1), node(1));
+        c.reported.set(NodeLoad {
+            waiting: 0,
+            kv_cache_usage: 0.9,
+        });
+        assert!(d.lighter_than(&c), "a tie goes to the emptier KV cache");
+    }
+}

@@ -1,0 +1,121 @@
+//! The routes: the key-protected `/v1` API, the admin API, the ops routes (`/health`,
+//! `/metrics`) and the docs, under the layers every request passes. `main` and the
+//! tests both build the service here; the handlers know nothing of it.
+
+use axum::Router;
+use axum::middleware;
+use axum::routing::get;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::compression::CompressionLayer;
+use tower_http::trace::TraceLayer;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use utoipa_swagger_ui::SwaggerUi;
+
+use crate::error::ApiError;
+use crate::http::{auth, envelope, fallback, request_record};
+use crate::openapi::ApiDoc;
+use crate::state::AppState;
+use crate::{admin, completion, models, ops, usage};
+
+/// The key-protected `/v1` routes.
+fn v1_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(completion::create_completion))
+        .routes(routes!(completion::chat::chat_completions))
+        .routes(routes!(models::list_models))
+        .routes(routes!(usage::own_usage))
+}
+
+/// Every documented route, for the OpenAPI document.
+fn api_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(v1_routes())
+        .merge(admin::admin_routes())
+        .routes(routes!(ops::health))
+}
+
+/// The OpenAPI document, as served at `/openapi.json` and checked in at
+/// `openapi/openapi.json`: the annotations of the routes above over [`ApiDoc`].
+pub fn openapi_document() -> utoipa::openapi::OpenApi {
+    api_routes().split_for_parts().1
+}
+
+/// The ops listener's routes: `/metrics` and `/health`, nothing else.
+pub fn build_ops_router(state: AppState) -> Router {
+    Router::new()
+        .route("/metrics", get(ops::metrics))
+        .route("/health", get(ops::health))
+        .fallback(fallback::not_found)
+        .layer(middleware::from_fn(envelope::envelope))
+        .with_state(state)
+}
+
+pub fn build_router(state: AppState) -> Router {
+    let (v1, _) = v1_routes()
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_key,
+        ))
+        .split_for_parts();
+    let (admin, _) = admin::admin_routes()
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            admin::require_admin,
+        ))
+        .split_for_parts();
+    // Ops routes without a key; `/metrics` is not in the OpenAPI document.
+    let (open, _) = OpenApiRouter::new()
+        .routes(routes!(ops::health))
+        .route("/metrics", get(ops::metrics))
+        .split_for_parts();
+    let swagger = SwaggerUi::new("/swagger").url("/openapi.json", openapi_document());
+
+    // Layers run outside-in for requests, inside-out for responses:
+    // - compression is outermost so it compresses the final body, error envelopes
+    //   included (it leaves text/event-stream alone);
+    // - the envelope sets the request id before tracing opens its span, and renders
+    //   every error response produced beneath it, panics included;
+    // - the request record sits inside the envelope so it sees each error's code before
+    //   the envelope renders it, and outside catch-panic so a panic is logged as a 500;
+    // - catch-panic turns a panic into a 500 that the envelope then renders.
+    Router::new()
+        .merge(v1)
+        .merge(admin)
+        .merge(open)
+        .merge(swagger)
+        .fallback(fallback::not_found)
+        .method_not_allowed_fallback(fallback::method_not_allowed)
+        .layer(CatchPanicLayer::custom(
+            |_: Box<dyn std::any::Any + Send>| {
+                axum::response::IntoResponse::into_response(ApiError::internal(anyhow::anyhow!(
+                    "handler panicked"
+                )))
+            },
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            request_record::record,
+        ))
+        .layer(TraceLayer::new_for_http().make_span_with(trace_span))
+        .layer(middleware::from_fn(envelope::envelope))
+        .layer(CompressionLayer::new())
+        .with_state(state)
+}
+
+/// The span of one request: method, path and request id; never headers or bodies.
+fn trace_span(request: &axum::http::Request<axum::body::Body>) -> tracing::Span {
+    let request_id = request
+        .extensions()
+        .get::<envelope::RequestId>()
+        .map(|id| id.0.as_str())
+        .unwrap_or("");
+    tracing::info_span!(
+        "request",
+        method = %request.method(),
+        path = %request.uri().path(),
+        request_id,
+        key_prefix = tracing::field::Empty,
+    )
+}

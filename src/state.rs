@@ -1,0 +1,105 @@
+//! The application state every handler shares: configuration, store, limiter, fleet,
+//! the vLLM client, metrics and the background work tied to shutdown. It knows no route
+//! (see `router.rs`).
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::admission::Limiter;
+use crate::config::Config;
+use crate::fleet::Fleet;
+use crate::fleet::prober::Prober;
+use crate::metrics::Metrics;
+use crate::request_log::RequestLog;
+use crate::store::Store;
+use crate::upstream::UpstreamClient;
+
+#[derive(Clone)]
+pub struct AppState(Arc<Inner>);
+
+struct Inner {
+    config: Config,
+    /// Live per-key counters: rate, slots, queue, budget reservations.
+    limiter: Arc<dyn Limiter>,
+    /// Cancelled when the shutdown grace period is over: bodies still streaming end.
+    draining: CancellationToken,
+    /// The request metadata log's writer.
+    request_log: RequestLog,
+    /// Work that must finish even when its request is gone (settling, leaving a queue);
+    /// waited for on shutdown.
+    tasks: TaskTracker,
+    /// Keys (and later usage): SQLite or PostgreSQL.
+    store: Arc<dyn Store>,
+    /// Models and their nodes.
+    fleet: Arc<Fleet>,
+    /// The pooled HTTP client for all upstreams.
+    upstream: UpstreamClient,
+    /// The Prometheus registry and its handles (`GET /metrics`).
+    metrics: Metrics,
+}
+
+impl AppState {
+    pub fn new(
+        config: Config,
+        store: Arc<dyn Store>,
+        limiter: Arc<dyn Limiter>,
+    ) -> anyhow::Result<Self> {
+        let upstream = UpstreamClient::new(&config.upstream)?;
+        let fleet = Arc::new(Fleet::new(&config));
+        let metrics = Metrics::new(&fleet);
+        Ok(Self(Arc::new(Inner {
+            config,
+            limiter,
+            draining: CancellationToken::new(),
+            request_log: RequestLog::start(Arc::clone(&store)),
+            tasks: TaskTracker::new(),
+            store,
+            fleet,
+            upstream,
+            metrics,
+        })))
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.0.config
+    }
+    pub fn store(&self) -> &dyn Store {
+        self.0.store.as_ref()
+    }
+    pub fn fleet(&self) -> &Fleet {
+        &self.0.fleet
+    }
+    pub fn upstream(&self) -> &UpstreamClient {
+        &self.0.upstream
+    }
+    pub fn limiter(&self) -> &dyn Limiter {
+        self.0.limiter.as_ref()
+    }
+    /// An owned handle on the limiter, for work that outlives the request.
+    pub fn limiter_handle(&self) -> Arc<dyn Limiter> {
+        Arc::clone(&self.0.limiter)
+    }
+    pub fn tasks(&self) -> &TaskTracker {
+        &self.0.tasks
+    }
+    pub fn draining(&self) -> &CancellationToken {
+        &self.0.draining
+    }
+    pub fn request_log(&self) -> &RequestLog {
+        &self.0.request_log
+    }
+    pub fn metrics(&self) -> &Metrics {
+        &self.0.metrics
+    }
+    /// The health probes and the keep-warm loop over this state's fleet.
+    pub fn prober(&self) -> Prober {
+        Prober::new(
+            Arc::clone(&self.0.fleet),
+            self.0.upstream.clone(),
+            self.0.metrics.clone(),
+            &self.0.config.fleet,
+        )
+    }
+}
