@@ -11,14 +11,13 @@ use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 use serde::Deserialize;
 
+use crate::contract::LOGPROBS_LIMIT;
+
 /// Environment variables that are read elsewhere and are not configuration keys.
 const ENV_NOT_CONFIG: &[&str] = &["config"];
 
 /// The longest duration any `*_ms` setting may have: 7 days.
 const MAX_DURATION_MS: u64 = 7 * 24 * 3_600_000;
-
-/// The largest `logprobs` the contract allows at all; a model's cap may be lower.
-pub const LOGPROBS_LIMIT: u32 = 100;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -6,13 +6,9 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
-use axum::http::{HeaderName, HeaderValue, StatusCode};
+use crate::contract::{X_ACS_UPSTREAM_ERROR_KIND, X_SHOULD_RETRY};
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-
-/// `X-Should-Retry`: tells openai-python not to retry what a retry cannot fix.
-pub const X_SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
-/// `X-Acs-Upstream-Error-Kind`: mirrors `error.code` on upstream-caused errors.
-pub const X_UPSTREAM_ERROR_KIND: HeaderName = HeaderName::from_static("x-acs-upstream-error-kind");
 
 /// Seconds a client should wait before retrying a retryable upstream failure.
 const UPSTREAM_RETRY_AFTER_SECS: u32 = 1;
@@ -227,19 +223,19 @@ impl IntoResponse for ApiError {
                 // The same request would time out again: no Retry-After.
                 headers.insert(X_SHOULD_RETRY, HeaderValue::from_static("false"));
                 headers.insert(
-                    X_UPSTREAM_ERROR_KIND,
+                    X_ACS_UPSTREAM_ERROR_KIND,
                     HeaderValue::from_static("upstream_deadline"),
                 );
             }
             Self::UpstreamRejected { kind, status, .. } => {
-                headers.insert(X_UPSTREAM_ERROR_KIND, HeaderValue::from_static(kind));
+                headers.insert(X_ACS_UPSTREAM_ERROR_KIND, HeaderValue::from_static(kind));
                 if status.is_server_error() {
                     headers.insert(http::header::RETRY_AFTER, UPSTREAM_RETRY_AFTER_SECS.into());
                 }
             }
             Self::UpstreamUnavailable(_) => {
                 headers.insert(
-                    X_UPSTREAM_ERROR_KIND,
+                    X_ACS_UPSTREAM_ERROR_KIND,
                     HeaderValue::from_static("upstream_unavailable"),
                 );
                 headers.insert(http::header::RETRY_AFTER, UPSTREAM_RETRY_AFTER_SECS.into());

@@ -4,6 +4,7 @@ pub mod admin;
 pub mod admission;
 pub mod completion;
 pub mod config;
+pub mod contract;
 pub mod error;
 pub mod fleet;
 pub mod http;

@@ -6,7 +6,7 @@ use futures_util::future::join_all;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::completion::plan::FULL_VOCAB_MAX_PROMPT_TOKENS;
+use crate::contract::FULL_VOCAB_MAX_PROMPT_TOKENS;
 use crate::fleet::Model;
 use crate::state::AppState;
 

@@ -9,12 +9,7 @@ use async_trait::async_trait;
 use tokio::sync::{Notify, OnceCell, watch};
 
 use super::{Admitted, Cost, Denial, Grant, KeyLimits, Lease, Limiter, Month, Usage, UsageSource};
-
-/// Suggested wait after `queue_full`.
-const QUEUE_FULL_RETRY_AFTER: Duration = Duration::from_secs(1);
-/// [`Limiter::wait_turn`] for a lease that is not in the queue.
-pub(crate) const QUEUE_PLACE_GONE: &str =
-    "the request's queue place is gone (it left, or its lease expired)";
+use super::{QUEUE_FULL_RETRY_AFTER, QUEUE_PLACE_GONE};
 
 /// One cell per key and month, set once the counter includes the ledger.
 type SeedCells = HashMap<(i64, Month), Arc<OnceCell<()>>>;

@@ -28,6 +28,12 @@ pub use month::Month;
 use crate::config::LimitDefaults;
 use crate::store::LimitOverrides;
 
+/// Suggested wait after `queue_full`, whichever backend refused.
+pub(crate) const QUEUE_FULL_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// Why [`Limiter::wait_turn`] fails for a lease that is not in the queue.
+pub(crate) const QUEUE_PLACE_GONE: &str =
+    "the request's queue place is gone (it left, or its lease expired)";
+
 /// The limits that apply to one key (its overrides over the configured defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeyLimits {

@@ -61,11 +61,9 @@ use futures_util::StreamExt as _;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
-use super::local::QUEUE_PLACE_GONE;
 use super::{Admitted, Cost, Denial, Grant, KeyLimits, Lease, Limiter, Month, Usage, UsageSource};
+use super::{QUEUE_FULL_RETRY_AFTER, QUEUE_PLACE_GONE};
 
-/// Suggested wait after `queue_full` (as the local limiter).
-const QUEUE_FULL_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// How long a used counter lives past the end of its month.
 pub const COUNTER_TTL_PAST_MONTH: Duration = Duration::from_secs(40 * 24 * 3600);
 /// How often the subscription connection is checked with a PING.

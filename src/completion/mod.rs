@@ -24,6 +24,7 @@ use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::KeyLimits;
+use crate::contract::{X_ACS_MAX_TOKENS_CLAMPED, X_ACS_UPSTREAM_GPU, X_ACS_UPSTREAM_MODEL};
 use crate::error::ApiError;
 use crate::fleet::{Model, NoNode, Node};
 use crate::http::auth::Caller;
@@ -38,10 +39,6 @@ use job::Job;
 use plan::{DeadlineFit, Plan, PlanError, Planner};
 use request::CompletionRequest;
 use settle::Settlement;
-
-pub const X_UPSTREAM_MODEL: HeaderName = HeaderName::from_static("x-acs-upstream-model");
-pub const X_UPSTREAM_GPU: HeaderName = HeaderName::from_static("x-acs-upstream-gpu");
-pub const X_MAX_TOKENS_CLAMPED: HeaderName = HeaderName::from_static("x-acs-max-tokens-clamped");
 
 #[utoipa::path(
     post,
@@ -264,7 +261,9 @@ async fn forward(
         };
         let mut response = cold::respond(pending, settlement, request_id.to_owned());
         if let Some(clamp) = clamp {
-            response.headers_mut().insert(X_MAX_TOKENS_CLAMPED, clamp);
+            response
+                .headers_mut()
+                .insert(X_ACS_MAX_TOKENS_CLAMPED, clamp);
         }
         return Ok(response);
     }
@@ -279,10 +278,10 @@ async fn forward(
     let mut response = result.unwrap_or_else(IntoResponse::into_response);
     let headers = response.headers_mut();
     if let Some(gpu) = upstream.and_then(|u| HeaderValue::from_str(&u.gpu).ok()) {
-        headers.insert(X_UPSTREAM_GPU, gpu);
+        headers.insert(X_ACS_UPSTREAM_GPU, gpu);
     }
     if let Some(clamp) = clamp {
-        headers.insert(X_MAX_TOKENS_CLAMPED, clamp);
+        headers.insert(X_ACS_MAX_TOKENS_CLAMPED, clamp);
     }
     Ok(response)
 }
@@ -323,10 +322,10 @@ fn upstream_tags(
 ) -> Vec<(HeaderName, HeaderValue)> {
     let mut tags = Vec::with_capacity(2);
     if let Some(value) = served.and_then(|s| HeaderValue::from_str(&s.name).ok()) {
-        tags.push((X_UPSTREAM_MODEL, value));
+        tags.push((X_ACS_UPSTREAM_MODEL, value));
     }
     if let Some(value) = upstream.and_then(|u| HeaderValue::from_str(&u.gpu).ok()) {
-        tags.push((X_UPSTREAM_GPU, value));
+        tags.push((X_ACS_UPSTREAM_GPU, value));
     }
     tags
 }

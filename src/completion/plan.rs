@@ -5,14 +5,12 @@
 //! ids) cannot settle a rule; otherwise the bound is used.
 
 use crate::admission::Cost;
-use crate::completion::request::{CompletionRequest, MAX_OUTPUT_WORK, Prompt};
+use crate::completion::request::{CompletionRequest, Prompt};
+use crate::contract::{FULL_VOCAB_MAX_PROMPT_TOKENS, MAX_OUTPUT_WORK};
 use crate::error::ApiError;
 use crate::fleet::Node;
 use crate::upstream::Served;
 use crate::upstream::UpstreamClient;
-
-/// Longest prompt (in tokens) allowed with `prompt_logprobs: -1`.
-pub const FULL_VOCAB_MAX_PROMPT_TOKENS: u64 = 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Plan {

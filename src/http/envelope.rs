@@ -7,14 +7,13 @@
 
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::{HeaderName, HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::Response;
 use serde::Serialize;
 
+use crate::contract::X_REQUEST_ID;
 use crate::error::ErrorBody;
-
-pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Framework error bodies are short texts; read at most this much of one.
 const FRAMEWORK_BODY_LIMIT: usize = 4 * 1024;

@@ -13,18 +13,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::HeaderName;
 use axum::middleware::Next;
 use axum::response::Response;
 
+use crate::contract::X_ACS_WORKLOAD;
 use crate::error::ErrorBody;
 use crate::http::envelope::RequestId;
 use crate::metrics::{FinishedRequest, Metrics};
 use crate::request_log::RequestLog;
 use crate::state::AppState;
 use crate::store::RequestLogRow;
-
-const X_ACS_WORKLOAD: HeaderName = HeaderName::from_static("x-acs-workload");
 
 /// `X-Acs-Workload` when it is one of the two known values; others are ignored.
 pub fn workload(headers: &axum::http::HeaderMap) -> Option<&str> {

@@ -3,6 +3,7 @@
 use serde_json::value::RawValue;
 
 use super::raw::{self, IntLiteral, Kind};
+use crate::contract::{LOGPROBS_LIMIT, MAX_TOKENS_LIMIT};
 use crate::error::ApiError;
 
 /// Every field the request body may carry, in the order the reference lists them.
@@ -134,7 +135,7 @@ impl IntRule {
     }
 }
 
-pub(super) const MAX_TOKENS: IntRule = IntRule::range(1, 1_000_000);
+pub(super) const MAX_TOKENS: IntRule = IntRule::range(1, MAX_TOKENS_LIMIT as i64);
 pub(super) const N: IntRule = IntRule::range(1, 16);
 pub(super) const SEED: IntRule = IntRule::range(0, i64::MAX);
 pub(super) const TOP_K: IntRule = IntRule {
@@ -142,7 +143,7 @@ pub(super) const TOP_K: IntRule = IntRule {
     max: i64::MAX,
     sentinel: Some((-1, "disabled")),
 };
-pub(super) const LOGPROBS: IntRule = IntRule::range(0, 100);
+pub(super) const LOGPROBS: IntRule = IntRule::range(0, LOGPROBS_LIMIT as i64);
 pub(super) const PROMPT_LOGPROBS: IntRule = IntRule {
     min: 0,
     max: 100,

@@ -18,14 +18,10 @@ use std::fmt;
 
 use serde_json::value::RawValue;
 
+use crate::contract::MAX_OUTPUT_WORK;
 use crate::error::ApiError;
 use fields::Field;
 pub use prompt::Prompt;
-
-/// The cap on worst-case output work: `prompt_count × n × max_tokens`.
-pub const MAX_OUTPUT_WORK: u64 = 32_000;
-/// The largest `max_tokens` a client may send (schema bound).
-pub const MAX_TOKENS_LIMIT: u64 = 1_000_000;
 
 /// A validated `/v1/completions` request. Borrows the body.
 #[derive(Clone)]

@@ -1,0 +1,32 @@
+//! The names and numbers the public API fixes, each in one place: the headers fleetgate
+//! reads and writes, and the bounds of a completion request. The parser, the planner,
+//! the configuration and the error rendering take them from here; the OpenAPI document
+//! repeats the bounds as literals, and a test walks them against the parser.
+
+use http::HeaderName;
+
+/// `X-Request-Id`: on every response, the same id as the error envelope's `request_id`.
+pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// `X-Should-Retry`: tells openai-python not to retry what a retry cannot fix.
+pub const X_SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
+/// `X-Acs-Upstream-Error-Kind`: mirrors `error.code` on upstream-caused errors.
+pub const X_ACS_UPSTREAM_ERROR_KIND: HeaderName =
+    HeaderName::from_static("x-acs-upstream-error-kind");
+/// `X-Acs-Upstream-Model`: the checkpoint that served (or failed) the request.
+pub const X_ACS_UPSTREAM_MODEL: HeaderName = HeaderName::from_static("x-acs-upstream-model");
+/// `X-Acs-Upstream-Gpu`: the GPU node that served (or failed) the request.
+pub const X_ACS_UPSTREAM_GPU: HeaderName = HeaderName::from_static("x-acs-upstream-gpu");
+/// `X-Acs-Max-Tokens-Clamped`: `max_tokens` was cut (by the request window or budget).
+pub const X_ACS_MAX_TOKENS_CLAMPED: HeaderName =
+    HeaderName::from_static("x-acs-max-tokens-clamped");
+/// `X-Acs-Workload`: `interactive` or `batch`, as the client declares it.
+pub const X_ACS_WORKLOAD: HeaderName = HeaderName::from_static("x-acs-workload");
+
+/// The largest `max_tokens` a client may send.
+pub const MAX_TOKENS_LIMIT: u64 = 1_000_000;
+/// The cap on worst-case output work: `prompt_count × n × max_tokens`.
+pub const MAX_OUTPUT_WORK: u64 = 32_000;
+/// The largest `logprobs` allowed at all; a model's cap (`max_logprobs`) may be lower.
+pub const LOGPROBS_LIMIT: u32 = 100;
+/// Longest prompt (in tokens) allowed with `prompt_logprobs: -1`.
+pub const FULL_VOCAB_MAX_PROMPT_TOKENS: u64 = 1024;
