@@ -34,6 +34,8 @@ pub struct SseMeter {
     /// Whether the client asked for the usage-only frame.
     forward_usage: bool,
     pending: BytesMut,
+    /// Where the next frame ends in `pending`, found by looking at each byte once.
+    frames: FrameEnds,
     usage: Option<Counts>,
     /// Tokens seen per choice index (from logprobs, running usage, or one per frame).
     generated: HashMap<u64, u64>,
@@ -71,6 +73,7 @@ impl Meter {
         Self::Sse(SseMeter {
             forward_usage,
             pending: BytesMut::new(),
+            frames: FrameEnds::default(),
             usage: None,
             generated: HashMap::new(),
         })
@@ -122,7 +125,7 @@ impl SseMeter {
     fn feed(&mut self, chunk: Bytes) -> Bytes {
         self.pending.extend_from_slice(&chunk);
         let mut out = BytesMut::with_capacity(self.pending.len());
-        while let Some(end) = find_frame_end(&self.pending) {
+        while let Some(end) = self.frames.next_end(&self.pending) {
             let frame = self.pending.split_to(end);
             if self.observe(&frame) || self.forward_usage {
                 out.extend_from_slice(&frame);
@@ -130,6 +133,7 @@ impl SseMeter {
         }
         if self.pending.len() > MAX_FRAME {
             out.extend_from_slice(&self.pending.split());
+            self.frames = FrameEnds::default();
         }
         out.freeze()
     }
@@ -193,9 +197,53 @@ fn frame_data(frame: &[u8]) -> Option<&[u8]> {
     (data.first() == Some(&b'{')).then_some(data)
 }
 
-/// The length up to and including the first frame terminator (`\n\n`), if any.
-fn find_frame_end(buf: &[u8]) -> Option<usize> {
-    buf.windows(2).position(|w| w == b"\n\n").map(|i| i + 2)
+/// Finds where SSE events end: at a blank line, lines being ended by `\n`, `\r\n` or
+/// `\r` (so `\n\n`, `\r\n\r\n` and `\r\r` all end one). It resumes where it stopped,
+/// so each byte of a frame is looked at once however many chunks the frame arrives in.
+#[derive(Default)]
+struct FrameEnds {
+    /// Bytes of the pending frame already looked at.
+    scanned: usize,
+    state: LineState,
+}
+
+#[derive(Default, Clone, Copy)]
+enum LineState {
+    #[default]
+    InLine,
+    /// A line just ended.
+    LineEnded,
+    /// A line just ended with `\r`; a `\n` next belongs to the same line end.
+    CrEnded,
+    /// A blank line just ended with `\r`: the frame is over, and a `\n` next is still
+    /// part of it.
+    BlankCr,
+}
+
+impl FrameEnds {
+    /// The length of the first complete frame in `pending` (which the caller then
+    /// splits off), if there is one yet.
+    fn next_end(&mut self, pending: &[u8]) -> Option<usize> {
+        while let Some(&byte) = pending.get(self.scanned) {
+            let (state, end) = match (self.state, byte) {
+                (LineState::BlankCr, b'\n') => (LineState::InLine, Some(self.scanned + 1)),
+                (LineState::BlankCr, _) => (LineState::InLine, Some(self.scanned)),
+                (LineState::LineEnded, b'\n') => (LineState::InLine, Some(self.scanned + 1)),
+                (LineState::LineEnded | LineState::CrEnded, b'\r') => (LineState::BlankCr, None),
+                (LineState::CrEnded, b'\n') => (LineState::LineEnded, None),
+                (_, b'\n') => (LineState::LineEnded, None),
+                (_, b'\r') => (LineState::CrEnded, None),
+                _ => (LineState::InLine, None),
+            };
+            self.state = state;
+            if let Some(end) = end {
+                self.scanned = 0;
+                return Some(end);
+            }
+            self.scanned += 1;
+        }
+        None
+    }
 }
 
 #[cfg(test)]
@@ -256,6 +304,44 @@ mod tests {
         let mut meter = Meter::sse(false);
         let out = run(&mut meter, &[": keep-alive\n\n", error, DONE]);
         assert_eq!(out, [": keep-alive\n\n", error, DONE].concat());
+    }
+
+    /// The stream with every `\n\n` frame end replaced by `end`.
+    fn with_frame_ends(frames: &[&str], end: &str) -> Vec<String> {
+        frames.iter().map(|f| f.replace("\n\n", end)).collect()
+    }
+
+    #[test]
+    fn frames_end_at_any_blank_line_sse_allows_split_anywhere() {
+        for end in ["\n\n", "\r\n\r\n", "\r\r", "\n\r\n", "\r\n\n"] {
+            let frames = with_frame_ends(&[CONTENT, USAGE, DONE], end);
+            let all = frames.concat();
+            let wanted = [frames[0].as_str(), frames[2].as_str()].concat();
+            // Whole, then cut at every byte: the usage frame is found and dropped each time.
+            for cut in 0..=all.len() {
+                let mut meter = Meter::sse(false);
+                let out = run(&mut meter, &[&all[..cut], &all[cut..]]);
+                assert_eq!(out, wanted, "frame end {end:?}, cut at {cut}");
+                assert_eq!(meter.reported().map(|u| u.completion_tokens), Some(3));
+                assert_eq!(meter.generated(), 1);
+            }
+        }
+    }
+
+    #[test]
+    fn a_frame_arriving_byte_by_byte_is_relayed_whole_once_complete() {
+        let mut meter = Meter::sse(true);
+        let frame = CONTENT.replace("\n\n", "\r\n\r\n");
+        let mut out = Vec::new();
+        for (i, byte) in frame.bytes().enumerate() {
+            let relayed = meter.feed(Bytes::from(vec![byte]));
+            if i + 1 < frame.len() {
+                assert!(relayed.is_empty(), "nothing before the frame is complete");
+            }
+            out.extend_from_slice(&relayed);
+        }
+        assert_eq!(String::from_utf8(out).unwrap(), frame);
+        assert_eq!(meter.generated(), 1);
     }
 
     #[test]
