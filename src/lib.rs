@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod admission;
+pub mod backoff;
 pub mod completion;
 pub mod config;
 pub mod contract;

@@ -37,6 +37,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::backoff::Backoff;
 use crate::store::{RequestLogRow, Store, StoreError};
 
 /// Tuning of the writer; [`Default`] is what the gateway uses.
@@ -285,7 +286,7 @@ impl Writer {
         }
         let rows = u64::try_from(self.batch.len()).unwrap_or(u64::MAX);
         let attempts = self.config.write_attempts.max(1);
-        let mut delay = self.config.retry_delay;
+        let mut pauses = Backoff::new(self.config.retry_delay, Duration::MAX).pauses();
         for attempt in 1..=attempts {
             match self.store.append_request_log(&self.batch).await {
                 Ok(()) => {
@@ -300,8 +301,7 @@ impl Writer {
                         error = %ErrorChain(&err),
                         "request log: writing a batch failed; retrying"
                     );
-                    tokio::time::sleep(delay).await;
-                    delay = delay.saturating_mul(2);
+                    tokio::time::sleep(pauses.next_pause()).await;
                 }
                 Err(err) => {
                     tracing::error!(

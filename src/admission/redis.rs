@@ -63,11 +63,14 @@ use tokio::task::AbortHandle;
 
 use super::{Admitted, Cost, Denial, Grant, KeyLimits, Lease, Limiter, Month, Usage, UsageSource};
 use super::{QUEUE_FULL_RETRY_AFTER, QUEUE_PLACE_GONE};
+use crate::backoff::Backoff;
 
 /// How long a used counter lives past the end of its month.
 pub const COUNTER_TTL_PAST_MONTH: Duration = Duration::from_secs(40 * 24 * 3600);
 /// How often the subscription connection is checked with a PING.
 const SUBSCRIPTION_PING: Duration = Duration::from_secs(5);
+/// The longest pause between two attempts to resubscribe.
+const RESUBSCRIBE_MAX_PAUSE: Duration = Duration::from_secs(5);
 /// Seeding attempts per call before giving up (a counter vanishing again at once).
 const MAX_SEEDS: u32 = 3;
 /// Largest number passed to the scripts: Lua numbers are doubles, exact up to 2^53.
@@ -725,8 +728,7 @@ async fn subscription(
     hub: Weak<Hub>,
     options: RedisLimiterOptions,
 ) {
-    let min_pause = options.poll_interval;
-    let mut pause = min_pause;
+    let mut pauses = Backoff::new(options.poll_interval, RESUBSCRIBE_MAX_PAUSE).pauses();
     loop {
         let connect = async {
             let mut pubsub = client.get_async_pubsub().await?;
@@ -736,7 +738,7 @@ async fn subscription(
         let bound = options.connect_timeout + options.call_timeout;
         match tokio::time::timeout(bound, connect).await {
             Ok(Ok(pubsub)) => {
-                pause = min_pause;
+                pauses.reset();
                 let Some(live) = hub.upgrade() else { return };
                 live.wake_all();
                 drop(live);
@@ -775,7 +777,6 @@ async fn subscription(
         if hub.strong_count() == 0 {
             return;
         }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_secs(5));
+        tokio::time::sleep(pauses.next_pause()).await;
     }
 }

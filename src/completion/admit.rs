@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::admission::{Admitted, Cost, Denial, Grant, KeyLimits, Month};
+use crate::backoff::Backoff;
 use crate::error::ApiError;
 use crate::metrics::Refusal;
 use crate::state::AppState;
@@ -81,23 +82,19 @@ fn give_back_unconfirmed(state: &AppState, key: i64, lease: &str) {
             reserved: 0,
             month: Month::now(),
         };
-        let mut pause = GIVE_BACK_FIRST_PAUSE;
+        let mut pauses = Backoff::new(GIVE_BACK_FIRST_PAUSE, GIVE_BACK_MAX_PAUSE).pauses();
         loop {
             let given_back = async {
                 limiter.leave(key, &lease).await?;
                 limiter.finish(key, &lease, &nothing, 0).await
             };
-            match given_back.await {
-                Ok(()) => return,
-                Err(err) if started.elapsed() + pause > window => {
-                    tracing::warn!(error = %err, request_id = %lease, "could not give back a refused admission; it lapses with its lease");
-                    return;
-                }
-                Err(_) => {
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(GIVE_BACK_MAX_PAUSE);
-                }
+            let Err(err) = given_back.await else { return };
+            let pause = pauses.next_pause();
+            if started.elapsed() + pause > window {
+                tracing::warn!(error = %err, request_id = %lease, "could not give back a refused admission; it lapses with its lease");
+                return;
             }
+            tokio::time::sleep(pause).await;
         }
     });
 }

@@ -12,23 +12,11 @@
 //!   cut rather than left hanging (`lost()`).
 
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
-/// Back-off of ejected nodes: `base · 2^(streak−1)`, at most `max`.
-#[derive(Debug, Clone, Copy)]
-pub struct Backoff {
-    pub base: Duration,
-    pub max: Duration,
-}
-
-impl Backoff {
-    fn after(&self, streak: u32) -> Duration {
-        let doublings = streak.saturating_sub(1).min(30);
-        self.base.saturating_mul(1 << doublings).min(self.max)
-    }
-}
+use crate::backoff::Backoff;
 
 pub struct Health {
     state: Mutex<State>,
@@ -151,23 +139,13 @@ impl Health {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn health(base_ms: u64, max_ms: u64) -> Health {
-        Health::new(Backoff {
-            base: Duration::from_millis(base_ms),
-            max: Duration::from_millis(max_ms),
-        })
-    }
-
-    #[test]
-    fn back_off_doubles_up_to_the_max() {
-        let backoff = Backoff {
-            base: Duration::from_secs(1),
-            max: Duration::from_secs(30),
-        };
-        let secs: Vec<u64> = (1..=7).map(|s| backoff.after(s).as_secs()).collect();
-        assert_eq!(secs, [1, 2, 4, 8, 16, 30, 30]);
-        assert_eq!(backoff.after(u32::MAX), Duration::from_secs(30));
+        Health::new(Backoff::new(
+            Duration::from_millis(base_ms),
+            Duration::from_millis(max_ms),
+        ))
     }
 
     #[test]

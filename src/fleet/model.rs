@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use rand::Rng;
 use tokio::sync::Notify;
 
-use super::ejection::Backoff;
 use super::node::{InFlight, Node};
 use super::sleep::Sleep;
+use crate::backoff::Backoff;
 use crate::config::{FleetSettings, ModelConfig};
 use crate::error::ApiError;
 use crate::upstream::Served;
@@ -58,7 +58,7 @@ impl Model {
     pub(super) fn new(config: &ModelConfig, fleet: &FleetSettings) -> Self {
         let freed = Arc::new(Notify::new());
         let backoff = Backoff {
-            base: Duration::from_millis(fleet.eject_base_ms),
+            first: Duration::from_millis(fleet.eject_base_ms),
             max: Duration::from_millis(fleet.eject_max_ms),
         };
         Self {

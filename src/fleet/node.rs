@@ -7,8 +7,9 @@ use std::sync::{Arc, RwLock};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::ejection::{Backoff, Health};
+use super::ejection::Health;
 use super::load::Reported;
+use crate::backoff::Backoff;
 use crate::config::UpstreamConfig;
 use crate::upstream::{Served, UpstreamClient, UpstreamError};
 
@@ -140,7 +141,7 @@ mod tests {
             max_in_flight: None,
         };
         let backoff = Backoff {
-            base: Duration::from_secs(1),
+            first: Duration::from_secs(1),
             max: Duration::from_secs(1),
         };
         Node::new(&config, backoff, Arc::new(Notify::new()))

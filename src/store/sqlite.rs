@@ -11,6 +11,7 @@ use super::{
     KeyRecord, KeySelector, LimitColumns, LimitOverrides, LimitUpdate, LogColumns, RequestLogRow,
     Store, StoreError, UpdateColumns, UsageColumns, UsageRow, convert, insert_error, now_unix,
 };
+use crate::backoff::Backoff;
 use crate::keys::NewKey;
 
 static MIGRATOR: Migrator = sqlx::migrate!("migrations/sqlite");
@@ -65,11 +66,12 @@ impl SqliteStore {
                 .synchronous(SqliteSynchronous::Normal)
         };
 
+        let mut pauses = Backoff::new(OPEN_RETRY_DELAY, OPEN_RETRY_DELAY * 8).pauses();
         let mut attempt = 1;
         loop {
             match Self::open(options.clone(), memory).await {
                 Err(err) if attempt < OPEN_ATTEMPTS && is_open_race(&err) => {
-                    tokio::time::sleep(OPEN_RETRY_DELAY * attempt).await;
+                    tokio::time::sleep(pauses.next_pause()).await;
                     attempt += 1;
                 }
                 result => return result,
