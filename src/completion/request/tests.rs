@@ -1,5 +1,6 @@
-//! One row per rule of the contract ("Strict validation" and "Request body" in
-//! api-reference.txt), accepted and rejected side; then the upstream body.
+//! One row per rule of the request contract (the strict validation of every field and
+//! its bounds, as the README and the OpenAPI document state them), accepted and
+//! rejected side; then the upstream body.
 
 use super::*;
 

@@ -1,4 +1,4 @@
-//! The non-streaming `CompletionResponse` body (§2.1): compact JSON, keys in vLLM
+//! The non-streaming `CompletionResponse` body: compact JSON, keys in vLLM
 //! 0.10.2+ order, every null present. Produced as a sequence of chunks so that a
 //! full-vocab `prompt_logprobs` list is generated while it is being sent.
 

@@ -11,8 +11,8 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
-use super::FailureMode;
 use super::body::{ChoiceBody, Meta, NonStreamBody};
+use super::config::FailureMode;
 use super::endpoints::{now_secs, receive};
 use super::error::VllmError;
 use super::generate::{Generated, generate};
@@ -93,7 +93,7 @@ async fn respond(
         pace,
     };
     if plan.max_tokens.is_none() {
-        // vLLM asserts `max_tokens is not None` while building the response (§6.5).
+        // vLLM asserts `max_tokens is not None` while building the response.
         if plan.stream {
             return event_stream(builder.failing(""), guard, cut);
         }

@@ -1,5 +1,5 @@
-//! The small routes: `/v1/models` (§4), `/tokenize` (§5.1), `/health`, `/version`,
-//! `/metrics` (§5.5) and FastAPI's 404/405 bodies.
+//! The small routes: `/v1/models`, `/tokenize`, `/health`, `/version`,
+//! `/metrics` and FastAPI's 404/405 bodies.
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -10,11 +10,11 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+use super::config::{FailureMode, ReceivedRequest};
 use super::error::VllmError;
 use super::lax::Fields;
 use super::request::json_body;
 use super::state::Shared;
-use super::{FailureMode, ReceivedRequest};
 
 pub(crate) fn now_secs() -> u64 {
     SystemTime::now()

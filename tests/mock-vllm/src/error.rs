@@ -1,4 +1,4 @@
-//! vLLM's error envelope (§6.1, the 0.10.1+ form) and the spaced SSE error event (§3.5).
+//! vLLM's error envelope (the 0.10.1+ form) and the spaced SSE error event.
 
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -74,7 +74,7 @@ impl IntoResponse for VllmError {
 }
 
 /// The mid-stream error event: Python `json.dumps` with default separators and
-/// `ensure_ascii=True`, always 400 / `BadRequestError` (§3.5).
+/// `ensure_ascii=True`, always 400 / `BadRequestError`.
 pub(crate) fn stream_error_event(message: &str) -> String {
     format!(
         "data: {{\"error\": {{\"message\": {}, \"type\": \"BadRequestError\", \"param\": null, \"code\": 400}}}}\n\n",

@@ -1,5 +1,5 @@
 //! Generating one choice: seeded sampling from the toy model, `max_tokens`, stop token
-//! ids and stop strings with vLLM's semantics (§2.1 finish/stop reasons).
+//! ids and stop strings with vLLM's semantics (finish/stop reasons).
 
 use serde_json::Value;
 

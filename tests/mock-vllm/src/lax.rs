@@ -1,5 +1,5 @@
-//! Pydantic-v2 lax-mode field coercion (§1.2) and the Python-repr error messages FastAPI
-//! builds from validation errors (§6.3). Messages are close approximations: a gateway
+//! Pydantic-v2 lax-mode field coercion and the Python-repr error messages FastAPI
+//! builds from validation errors. Messages are close approximations: a gateway
 //! must match on status and envelope only.
 
 use serde_json::{Map, Value};

@@ -7,20 +7,19 @@
 //!
 //! [`FailureMode::Refuse`]: super::FailureMode::Refuse
 
-use std::future::{Future, poll_fn};
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
-use super::state::lock;
+use super::lock::lock;
 
 struct Slot {
     listener: Option<TcpListener>,
@@ -92,7 +91,10 @@ impl ListenerControl {
         self.close();
     }
 
-    fn poll_accept(&self, cx: &mut Context<'_>) -> Poll<io::Result<(KillableStream, SocketAddr)>> {
+    pub(crate) fn poll_accept(
+        &self,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<(KillableStream, SocketAddr)>> {
         let mut slot = lock(&self.slot);
         if !slot.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
             slot.waker = Some(cx.waker().clone());
@@ -105,31 +107,6 @@ impl ListenerControl {
         stream.set_nodelay(true)?;
         let killed = Box::pin(slot.connections.clone().cancelled_owned());
         Poll::Ready(Ok((KillableStream { stream, killed }, addr)))
-    }
-}
-
-/// The [`axum::serve::Listener`] over a shared [`ListenerControl`].
-pub(crate) struct RefusableListener(pub Arc<super::state::Shared>);
-
-impl axum::serve::Listener for RefusableListener {
-    type Io = KillableStream;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (KillableStream, SocketAddr) {
-        loop {
-            match poll_fn(|cx| self.0.listener.poll_accept(cx)).await {
-                Ok(accepted) => return accepted,
-                Err(e) => {
-                    // E.g. out of file descriptors: back off instead of spinning.
-                    tracing::warn!(error = %e, "mock-vllm accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }
-    }
-
-    fn local_addr(&self) -> io::Result<SocketAddr> {
-        Ok(self.0.listener.addr())
     }
 }
 

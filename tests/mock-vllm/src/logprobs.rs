@@ -1,5 +1,5 @@
-//! Logprob data and its two wire shapes: `CompletionLogProbs` (§2.2, four parallel arrays
-//! keyed by decoded strings) and `prompt_logprobs` (§2.3, keyed by token id, written
+//! Logprob data and its two wire shapes: `CompletionLogProbs` (four parallel arrays
+//! keyed by decoded strings) and `prompt_logprobs` (keyed by token id, written
 //! incrementally so a full-vocab body never sits whole in memory).
 
 use std::sync::Arc;

@@ -1,4 +1,4 @@
-//! `POST /v1/completions` request parsing and validation, in vLLM 0.11's order (§1.4):
+//! `POST /v1/completions` request parsing and validation, in vLLM 0.11's order:
 //! content type and JSON, `before` validators, lax field types, model, suffix, prompt
 //! tokenisation and the context-length check, `SamplingParams` checks, engine checks.
 //! Unknown fields are ignored, as vLLM does.
@@ -6,7 +6,7 @@
 use axum::http::{HeaderMap, header};
 use serde_json::{Map, Value};
 
-use super::MockConfig;
+use super::config::MockConfig;
 use super::error::VllmError;
 use super::generate::GenParams;
 use super::lax::{Fields, lax_int, py_float, py_repr, truthy, value_error};
@@ -27,7 +27,7 @@ pub(crate) struct Plan {
     pub prompts: Vec<Prompt>,
     pub n: u32,
     pub echo: bool,
-    /// `None` for an explicit `"max_tokens": null`, which reproduces vLLM's 500 (§6.5).
+    /// `None` for an explicit `"max_tokens": null`, which reproduces vLLM's 500.
     pub max_tokens: Option<u32>,
     /// `echo` with `max_tokens: 0`: one token is generated, counted, and not shown.
     pub discard_output: bool,
@@ -63,7 +63,7 @@ enum PromptField {
     IdLists(Vec<Vec<i64>>),
 }
 
-/// `validate_json_request` (content type) plus FastAPI's JSON body parsing (§1.3).
+/// `validate_json_request` (content type) plus FastAPI's JSON body parsing.
 pub(crate) fn json_body(headers: &HeaderMap, body: &[u8]) -> Result<Map<String, Value>, VllmError> {
     let content_type = headers
         .get(header::CONTENT_TYPE)
@@ -146,7 +146,7 @@ pub(crate) fn parse(
         return Err(VllmError::bad_request("suffix is not currently supported"));
     }
     let raw_prompts = batch(prompt, tokenizer, add_special_tokens)?;
-    // 0.10.2+ renderer: P > M − K, printing M − K as the "maximum context length" (§6.4).
+    // 0.10.2+ renderer: P > M − K, printing M − K as the "maximum context length".
     let k = max_tokens.unwrap_or(0);
     let budget = i64::from(config.max_model_len) - k;
     if let Some((_, ids)) = raw_prompts

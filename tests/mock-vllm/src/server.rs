@@ -1,18 +1,22 @@
 //! The [`MockVllm`] handle: starts the axum server and exposes the test controls.
 
+use std::future::poll_fn;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::Router;
 use axum::routing::{get, post};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use super::listener::{ListenerControl, RefusableListener};
-use super::state::{Shared, lock};
+use super::config::{FailureMode, MockConfig, ReceivedRequest};
+use super::listener::{KillableStream, ListenerControl};
+use super::lock::lock;
+use super::state::Shared;
 use super::tokenizer::WORD_BASE;
-use super::{FailureMode, MockConfig, ReceivedRequest, completions, endpoints};
+use super::{completions, endpoints};
 
 /// A running mock vLLM server. Cheap to clone; all clones control the same server, which
 /// stops when [`shutdown`](Self::shutdown) is called or the last clone is dropped.
@@ -150,4 +154,29 @@ fn router(shared: Arc<Shared>) -> Router {
         .fallback(endpoints::not_found)
         .method_not_allowed_fallback(endpoints::method_not_allowed)
         .with_state(shared)
+}
+
+/// The [`axum::serve::Listener`] over a shared [`ListenerControl`].
+pub(crate) struct RefusableListener(pub Arc<Shared>);
+
+impl axum::serve::Listener for RefusableListener {
+    type Io = KillableStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (KillableStream, SocketAddr) {
+        loop {
+            match poll_fn(|cx| self.0.listener.poll_accept(cx)).await {
+                Ok(accepted) => return accepted,
+                Err(e) => {
+                    // E.g. out of file descriptors: back off instead of spinning.
+                    tracing::warn!(error = %e, "mock-vllm accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.0.listener.addr())
+    }
 }

@@ -1,4 +1,4 @@
-//! The SSE stream of a completion (§3): one choice per chunk, choices interleaved
+//! The SSE stream of a completion: one choice per chunk, choices interleaved
 //! round-robin, the last chunk of each choice carrying the finish reason, an optional
 //! usage-only chunk, then `data: [DONE]`.
 
@@ -97,7 +97,7 @@ impl StreamBuilder<'_> {
         frames
     }
 
-    /// The frames of a request that fails on its first token (`max_tokens: null`, §6.5).
+    /// The frames of a request that fails on its first token (`max_tokens: null`).
     pub fn failing(&self, message: &str) -> Vec<Frame> {
         vec![
             Frame::new(self.pace.first, stream_error_event(message)),

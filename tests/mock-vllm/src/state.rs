@@ -2,14 +2,15 @@
 //! failure mode, the request log, the in-flight/cancelled counters and the gate.
 //! Counters and the gate are `watch` channels so waiters never poll.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
+use super::config::{FailureMode, MockConfig, ReceivedRequest};
 use super::listener::ListenerControl;
+use super::lock::lock;
 use super::model::ToyModel;
 use super::tokenizer::Tokenizer;
-use super::{FailureMode, MockConfig, ReceivedRequest};
 
 pub(crate) struct Shared {
     pub config: MockConfig,
@@ -22,12 +23,6 @@ pub(crate) struct Shared {
     cancelled: watch::Sender<usize>,
     /// `true` while the gate is open.
     gate: watch::Sender<bool>,
-}
-
-/// Lock a mutex, ignoring poisoning (the data stays consistent: every critical section
-/// is a single push/replace).
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Shared {

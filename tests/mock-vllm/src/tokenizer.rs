@@ -172,19 +172,20 @@ impl Tokenizer {
                 consider(WORD_BASE + k as u32, word.len());
             }
         }
-        if let [a, b, c, ..] = rest {
-            if [a, b, c].iter().all(|x| x.is_ascii_lowercase()) {
-                let k = u32::from(a - b'a') * 676 + u32::from(b - b'a') * 26 + u32::from(c - b'a');
-                consider(TRIPLE_BASE + k, 3);
-            }
+        if let [a, b, c, ..] = rest
+            && [a, b, c].iter().all(|x| x.is_ascii_lowercase())
+        {
+            let k = u32::from(a - b'a') * 676 + u32::from(b - b'a') * 26 + u32::from(c - b'a');
+            consider(TRIPLE_BASE + k, 3);
         }
-        if let [a, b, ..] = rest {
-            if is_printable(*a) && is_printable(*b) {
-                consider(
-                    PAIR_BASE + u32::from(a - b' ') * PRINTABLE + u32::from(b - b' '),
-                    2,
-                );
-            }
+        if let [a, b, ..] = rest
+            && is_printable(*a)
+            && is_printable(*b)
+        {
+            consider(
+                PAIR_BASE + u32::from(a - b' ') * PRINTABLE + u32::from(b - b' '),
+                2,
+            );
         }
         consider(BYTE_BASE + u32::from(rest[0]), 1);
         // A vocab too small to hold this byte: the whole character becomes <unk>.
