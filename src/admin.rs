@@ -1,6 +1,7 @@
 //! The admin API under `/admin`, guarded by `admin_token` from the config (off, 404,
 //! when none is set): create, list, show and revoke keys, set their limits, read their
-//! usage.
+//! usage. The work, and the check of the limit values, is the key service's
+//! ([`crate::keys::KeyService`]); the handlers only read the bodies and render the answers.
 
 use axum::Json;
 use axum::extract::rejection::JsonRejection;
@@ -14,12 +15,11 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::admission::KeyLimits;
 use crate::error::ApiError;
 use crate::http::auth::bearer_token;
-use crate::keys;
+use crate::keys::{KeyError, KeyService, LimitInput, LimitsChange, NewLimits};
 use crate::state::AppState;
-use crate::store::{KeyRecord, LimitOverrides, LimitUpdate};
+use crate::store::{KeyRecord, StoreError};
 use crate::usage::{KeyUsage, key_usage};
 
 pub fn admin_routes() -> OpenApiRouter<AppState> {
@@ -91,15 +91,22 @@ pub struct CreatedKey {
     secret: String,
 }
 
+// The limit fields' documented bounds are the key service's (`keys::Limit`); a unit test
+// below holds them to it.
+
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewKeyRequest {
     name: String,
     email: Option<String>,
-    monthly_budget: Option<u64>,
-    requests_per_minute: Option<u32>,
-    max_concurrent: Option<u32>,
-    max_queued: Option<u32>,
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 9223372036854775807_i64)]
+    monthly_budget: Option<JsonLimit>,
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 2147483647)]
+    requests_per_minute: Option<JsonLimit>,
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 2147483647)]
+    max_concurrent: Option<JsonLimit>,
+    #[schema(value_type = Option<u32>, minimum = 0, maximum = 2147483647)]
+    max_queued: Option<JsonLimit>,
 }
 
 /// A change of limits: a field left out stays as it is, `null` returns it to the
@@ -108,17 +115,48 @@ pub struct NewKeyRequest {
 #[serde(deny_unknown_fields)]
 pub struct LimitsPatch {
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<u64>)]
-    monthly_budget: Option<Option<u64>>,
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 9223372036854775807_i64)]
+    monthly_budget: Option<Option<JsonLimit>>,
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<u32>)]
-    requests_per_minute: Option<Option<u32>>,
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 2147483647)]
+    requests_per_minute: Option<Option<JsonLimit>>,
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<u32>)]
-    max_concurrent: Option<Option<u32>>,
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 2147483647)]
+    max_concurrent: Option<Option<JsonLimit>>,
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<u32>)]
-    max_queued: Option<Option<u32>>,
+    #[schema(value_type = Option<u32>, minimum = 0, maximum = 2147483647)]
+    max_queued: Option<Option<JsonLimit>>,
+}
+
+/// A limit field of a body (not `null`, which the `Option` around it takes): any JSON
+/// value, handed to the key service to check, so that a string or a fraction is refused
+/// naming the field just like a number out of range.
+#[derive(Debug)]
+struct JsonLimit(LimitInput);
+
+impl<'de> Deserialize<'de> for JsonLimit {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = serde_json::Value::deserialize(d)?;
+        let whole = match &value {
+            serde_json::Value::Number(n) => n
+                .as_u64()
+                .map(i128::from)
+                .or_else(|| n.as_i64().map(i128::from)),
+            _ => None,
+        };
+        Ok(Self(match whole {
+            Some(n) => LimitInput::Whole(n),
+            None => LimitInput::Other(value.to_string()),
+        }))
+    }
+}
+
+fn input(limit: Option<JsonLimit>) -> Option<LimitInput> {
+    limit.map(|JsonLimit(v)| v)
+}
+
+fn change(limit: Option<Option<JsonLimit>>) -> Option<Option<LimitInput>> {
+    limit.map(input)
 }
 
 /// A field that is present (possibly `null`) becomes `Some`.
@@ -129,8 +167,8 @@ fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
 }
 
 impl KeyView {
-    fn new(state: &AppState, record: &KeyRecord) -> Self {
-        let limits = KeyLimits::resolve(&state.config().limits, &record.limits);
+    fn new(keys: &KeyService<'_>, record: &KeyRecord) -> Self {
+        let limits = keys.limits(record);
         Self {
             id: record.id,
             name: record.name.clone(),
@@ -161,26 +199,21 @@ fn body<T>(payload: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
         .map_err(|rejection| ApiError::invalid(rejection.body_text()))
 }
 
-async fn find(state: &AppState, id_or_prefix: &str) -> Result<KeyRecord, ApiError> {
-    state
-        .store()
-        .key(id_or_prefix)
-        .await
-        .map_err(ApiError::internal)?
-        .ok_or_else(|| no_such_key(id_or_prefix))
+fn key_service(state: &AppState) -> KeyService<'_> {
+    KeyService::new(state.store(), &state.config().limits)
 }
 
-fn no_such_key(id_or_prefix: &str) -> ApiError {
-    ApiError::KeyNotFound(id_or_prefix.chars().take(64).collect())
-}
-
-fn check_limits(rpm: Option<Option<u32>>, concurrent: Option<Option<u32>>) -> Result<(), ApiError> {
-    if rpm.flatten() == Some(0) || concurrent.flatten() == Some(0) {
-        return Err(ApiError::invalid(
-            "requests_per_minute and max_concurrent must be at least 1",
-        ));
+/// The key service's refusals as the API answers them: a bad value is the client's
+/// (400, naming the field), an unknown key 404; a failing store is ours (500, logged).
+fn api_error(err: KeyError) -> ApiError {
+    match err {
+        KeyError::InvalidLimit(err) => ApiError::invalid_param(err.limit().name(), err.to_string()),
+        KeyError::NotFound(id_or_prefix) => {
+            ApiError::KeyNotFound(id_or_prefix.chars().take(64).collect())
+        }
+        KeyError::Store(StoreError::Invalid(message)) => ApiError::invalid(message),
+        KeyError::Store(err) => ApiError::internal(err),
     }
-    Ok(())
 }
 
 #[utoipa::path(post, path = "/admin/keys", tag = "admin", request_body = NewKeyRequest,
@@ -191,24 +224,22 @@ pub async fn create_key(
     payload: Result<Json<NewKeyRequest>, JsonRejection>,
 ) -> Result<(StatusCode, Json<CreatedKey>), ApiError> {
     let new = body(payload)?;
-    check_limits(Some(new.requests_per_minute), Some(new.max_concurrent))?;
-    let limits = LimitOverrides {
-        monthly_budget: new.monthly_budget,
-        requests_per_minute: new.requests_per_minute,
-        max_concurrent: new.max_concurrent,
-        max_queued: new.max_queued,
+    let limits = NewLimits {
+        monthly_budget: input(new.monthly_budget),
+        requests_per_minute: input(new.requests_per_minute),
+        max_concurrent: input(new.max_concurrent),
+        max_queued: input(new.max_queued),
     };
-    let key = keys::generate();
-    let record = state
-        .store()
-        .create_key(&new.name, new.email.as_deref(), &key, &limits)
+    let keys = key_service(&state);
+    let issued = keys
+        .create(&new.name, new.email.as_deref(), &limits)
         .await
-        .map_err(ApiError::internal)?;
+        .map_err(api_error)?;
     Ok((
         StatusCode::CREATED,
         Json(CreatedKey {
-            key: KeyView::new(&state, &record),
-            secret: key.secret.expose().to_owned(),
+            key: KeyView::new(&keys, &issued.record),
+            secret: issued.secret.expose().to_owned(),
         }),
     ))
 }
@@ -217,13 +248,10 @@ pub async fn create_key(
     responses((status = 200, body = Vec<KeyView>), (status = 401, body = crate::openapi::ErrorEnvelopeDoc)),
     security(("admin" = [])))]
 pub async fn list_keys(State(state): State<AppState>) -> Result<Json<Vec<KeyView>>, ApiError> {
-    let records = state
-        .store()
-        .list_keys()
-        .await
-        .map_err(ApiError::internal)?;
+    let keys = key_service(&state);
+    let records = keys.list().await.map_err(api_error)?;
     Ok(Json(
-        records.iter().map(|r| KeyView::new(&state, r)).collect(),
+        records.iter().map(|r| KeyView::new(&keys, r)).collect(),
     ))
 }
 
@@ -235,8 +263,9 @@ pub async fn show_key(
     State(state): State<AppState>,
     Path(key): Path<String>,
 ) -> Result<Json<KeyView>, ApiError> {
-    let record = find(&state, &key).await?;
-    Ok(Json(KeyView::new(&state, &record)))
+    let keys = key_service(&state);
+    let record = keys.find(&key).await.map_err(api_error)?;
+    Ok(Json(KeyView::new(&keys, &record)))
 }
 
 #[utoipa::path(post, path = "/admin/keys/{key}/revoke", tag = "admin",
@@ -247,13 +276,9 @@ pub async fn revoke_key(
     State(state): State<AppState>,
     Path(key): Path<String>,
 ) -> Result<Json<KeyView>, ApiError> {
-    let record = state
-        .store()
-        .revoke_key(&key)
-        .await
-        .map_err(ApiError::internal)?
-        .ok_or_else(|| no_such_key(&key))?;
-    Ok(Json(KeyView::new(&state, &record)))
+    let keys = key_service(&state);
+    let record = keys.revoke(&key).await.map_err(api_error)?;
+    Ok(Json(KeyView::new(&keys, &record)))
 }
 
 #[utoipa::path(patch, path = "/admin/keys/{key}/limits", tag = "admin", request_body = LimitsPatch,
@@ -266,20 +291,15 @@ pub async fn set_limits(
     payload: Result<Json<LimitsPatch>, JsonRejection>,
 ) -> Result<Json<KeyView>, ApiError> {
     let patch = body(payload)?;
-    check_limits(patch.requests_per_minute, patch.max_concurrent)?;
-    let update = LimitUpdate {
-        monthly_budget: patch.monthly_budget,
-        requests_per_minute: patch.requests_per_minute,
-        max_concurrent: patch.max_concurrent,
-        max_queued: patch.max_queued,
+    let limits = LimitsChange {
+        monthly_budget: change(patch.monthly_budget),
+        requests_per_minute: change(patch.requests_per_minute),
+        max_concurrent: change(patch.max_concurrent),
+        max_queued: change(patch.max_queued),
     };
-    let record = state
-        .store()
-        .set_limits(&key, &update)
-        .await
-        .map_err(ApiError::internal)?
-        .ok_or_else(|| no_such_key(&key))?;
-    Ok(Json(KeyView::new(&state, &record)))
+    let keys = key_service(&state);
+    let record = keys.set_limits(&key, &limits).await.map_err(api_error)?;
+    Ok(Json(KeyView::new(&keys, &record)))
 }
 
 #[utoipa::path(get, path = "/admin/keys/{key}/usage", tag = "admin",
@@ -290,9 +310,71 @@ pub async fn usage(
     State(state): State<AppState>,
     Path(key): Path<String>,
 ) -> Result<Json<KeyUsage>, ApiError> {
-    let record = find(&state, &key).await?;
-    let limits = KeyLimits::resolve(&state.config().limits, &record.limits);
-    key_usage(&state, record.id, &record.prefix, &limits)
+    // The live view: the ledger's usage plus what running requests reserve, from the
+    // limiter (the key service reads only the ledger).
+    let keys = key_service(&state);
+    let record = keys.find(&key).await.map_err(api_error)?;
+    key_usage(&state, record.id, &record.prefix, &keys.limits(&record))
         .await
         .map(Json)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use utoipa::PartialSchema as _;
+
+    use super::*;
+    use crate::keys::Limit;
+
+    /// The bounds the OpenAPI document publishes for the limit fields are the key
+    /// service's, for both bodies that take limits.
+    #[test]
+    fn documented_bounds_are_the_key_services() {
+        for (body, schema) in [
+            ("NewKeyRequest", NewKeyRequest::schema()),
+            ("LimitsPatch", LimitsPatch::schema()),
+        ] {
+            let schema = serde_json::to_value(schema).unwrap();
+            for limit in Limit::ALL {
+                let field = &schema["properties"][limit.name()];
+                assert_eq!(field["minimum"], limit.min(), "{body}.{limit}: {field}");
+                assert_eq!(field["maximum"], limit.max(), "{body}.{limit}: {field}");
+            }
+        }
+    }
+
+    #[test]
+    fn limit_fields_take_any_json_value_for_the_service_to_check() {
+        let read = |json: &str| {
+            let patch: LimitsPatch = serde_json::from_str(json).unwrap();
+            change(patch.max_queued)
+        };
+        assert_eq!(read("{}"), None);
+        assert_eq!(read(r#"{"max_queued": null}"#), Some(None));
+        assert_eq!(
+            read(r#"{"max_queued": 3000000000}"#),
+            Some(Some(LimitInput::Whole(3_000_000_000)))
+        );
+        assert_eq!(
+            read(r#"{"max_queued": -1}"#),
+            Some(Some(LimitInput::Whole(-1)))
+        );
+        for (json, text) in [
+            (r#"{"max_queued": "5"}"#, r#""5""#),
+            (r#"{"max_queued": 1.5}"#, "1.5"),
+            (r#"{"max_queued": 5.0}"#, "5.0"),
+            (r#"{"max_queued": true}"#, "true"),
+            (r#"{"max_queued": [1]}"#, "[1]"),
+        ] {
+            assert_eq!(
+                read(json),
+                Some(Some(LimitInput::Other(text.to_owned()))),
+                "{json}"
+            );
+        }
+        let new: NewKeyRequest =
+            serde_json::from_str(r#"{"name": "n", "requests_per_minute": null}"#).unwrap();
+        assert_eq!(input(new.requests_per_minute), None, "null is the default");
+    }
 }

@@ -161,6 +161,188 @@ async fn the_admin_api_needs_its_token_and_rejects_bad_input() {
     expect_error(zero, 400, "invalid_request").await;
 }
 
+/// `(field, smallest, largest)`: the bounds the store's columns hold.
+const BOUNDS: [(&str, i64, i64); 4] = [
+    ("monthly_budget", 0, i64::MAX),
+    ("requests_per_minute", 1, i32::MAX as i64),
+    ("max_concurrent", 1, i32::MAX as i64),
+    ("max_queued", 0, i32::MAX as i64),
+];
+
+/// Every bad value of `field` with the message it must get: one below the smallest, one
+/// above the largest (and, for the `u32` limits, values that fit a `u32` and that do
+/// not), and values of the wrong type.
+fn bad_values(field: &str, min: i64, max: i64) -> Vec<(Value, String)> {
+    let range = |got: &str| format!("{field} must be between {min} and {max} (got {got})");
+    let whole =
+        |got: &str| format!("{field} must be a whole number between {min} and {max} (got {got})");
+    let mut cases = vec![
+        (json!(min - 1), range(&(min - 1).to_string())),
+        (json!(max as u64 + 1), range(&(max as u64 + 1).to_string())),
+        (json!(u64::MAX), range(&u64::MAX.to_string())),
+        (json!(i64::MIN), range(&i64::MIN.to_string())),
+        (json!("5"), whole("\"5\"")),
+        (json!(1.5), whole("1.5")),
+        (json!(5.0), whole("5.0")),
+        (json!(true), whole("true")),
+        (json!([1]), whole("[1]")),
+        (json!({"value": 1}), whole("{\"value\":1}")),
+    ];
+    if max == i64::from(i32::MAX) {
+        cases.push((json!(3_000_000_000_u64), range("3000000000")));
+        cases.push((json!(5_000_000_000_u64), range("5000000000")));
+    }
+    cases
+}
+
+async fn get_json(gw: &Gateway, path: &str) -> Value {
+    let response = call(gw, reqwest::Method::GET, path, None).await;
+    assert_eq!(response.status(), 200, "GET {path}");
+    response.json().await.unwrap()
+}
+
+async fn expect_invalid_limit(response: reqwest::Response, field: &str, message: &str) {
+    let body = expect_error(response, 400, "invalid_request").await;
+    assert_eq!(body["error"]["param"], field, "{body}");
+    assert_eq!(body["error"]["message"], message, "{body}");
+}
+
+#[tokio::test]
+async fn every_bad_limit_value_is_400_naming_the_field_on_create_and_patch() {
+    let gw = admin().await;
+    let created = call(
+        &gw,
+        reqwest::Method::POST,
+        "/admin/keys",
+        Some(json!({"name": "target", "max_queued": 7})),
+    )
+    .await;
+    assert_eq!(created.status(), 201);
+    let created: Value = created.json().await.unwrap();
+    let prefix = created["prefix"].as_str().unwrap().to_owned();
+    let shown = format!("/admin/keys/{prefix}");
+    let before = get_json(&gw, &shown).await;
+    let all_before = get_json(&gw, "/admin/keys").await;
+
+    let mut checked = 0;
+    for (field, min, max) in BOUNDS {
+        for (value, message) in bad_values(field, min, max) {
+            let create = call(
+                &gw,
+                reqwest::Method::POST,
+                "/admin/keys",
+                Some(json!({"name": "bad", field: value.clone()})),
+            )
+            .await;
+            expect_invalid_limit(create, field, &message).await;
+            // Checked before the key is looked up: unknown keys get the same answer.
+            for target in [prefix.as_str(), "fg-nosuchkey", "404"] {
+                let patch = call(
+                    &gw,
+                    reqwest::Method::PATCH,
+                    &format!("/admin/keys/{target}/limits"),
+                    Some(json!({field: value.clone()})),
+                )
+                .await;
+                expect_invalid_limit(patch, field, &message).await;
+            }
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 4 * 10 + 3 * 2);
+    assert_eq!(get_json(&gw, &shown).await, before, "nothing changed");
+    assert_eq!(
+        get_json(&gw, "/admin/keys").await,
+        all_before,
+        "nothing created"
+    );
+}
+
+/// Found by trying it: this answered 500 (the store refused the value) while the OpenAPI
+/// document promised 400.
+#[tokio::test]
+async fn patching_max_queued_to_3000000000_is_400_not_500() {
+    let gw = admin().await;
+    let response = call(
+        &gw,
+        reqwest::Method::PATCH,
+        "/admin/keys/1/limits",
+        Some(json!({"max_queued": 3_000_000_000_u64})),
+    )
+    .await;
+    expect_invalid_limit(
+        response,
+        "max_queued",
+        "max_queued must be between 0 and 2147483647 (got 3000000000)",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn the_edges_of_every_limit_are_accepted() {
+    let gw = admin().await;
+    let smallest: serde_json::Map<String, Value> = BOUNDS
+        .iter()
+        .map(|(field, min, _)| ((*field).to_owned(), json!(min)))
+        .collect();
+    let largest: serde_json::Map<String, Value> = BOUNDS
+        .iter()
+        .map(|(field, _, max)| ((*field).to_owned(), json!(max)))
+        .collect();
+    let mut body = smallest.clone();
+    body.insert("name".to_owned(), json!("edges"));
+    let created = call(&gw, reqwest::Method::POST, "/admin/keys", Some(body.into())).await;
+    assert_eq!(created.status(), 201);
+    let created: Value = created.json().await.unwrap();
+    assert_eq!(created["overrides"], Value::Object(smallest));
+    let patched = call(
+        &gw,
+        reqwest::Method::PATCH,
+        &format!("/admin/keys/{}/limits", created["id"]),
+        Some(largest.clone().into()),
+    )
+    .await;
+    assert_eq!(patched.status(), 200);
+    let patched: Value = patched.json().await.unwrap();
+    assert_eq!(patched["overrides"], Value::Object(largest.clone()));
+    assert_eq!(patched["limits"], Value::Object(largest));
+}
+
+#[tokio::test]
+async fn unknown_keys_are_404_on_every_route() {
+    let gw = admin().await;
+    for target in ["fg-nosuchkey", "12345", "99999999999999999999999"] {
+        for (method, path, body) in [
+            (reqwest::Method::GET, format!("/admin/keys/{target}"), None),
+            (
+                reqwest::Method::POST,
+                format!("/admin/keys/{target}/revoke"),
+                None,
+            ),
+            (
+                reqwest::Method::PATCH,
+                format!("/admin/keys/{target}/limits"),
+                Some(json!({"max_queued": 3})),
+            ),
+            (
+                reqwest::Method::GET,
+                format!("/admin/keys/{target}/usage"),
+                None,
+            ),
+        ] {
+            let response = call(&gw, method.clone(), &path, body).await;
+            let body = expect_error(response, 404, "key_not_found").await;
+            assert!(
+                body["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains(&format!("'{target}'")),
+                "{method} {path}: {body}"
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn without_an_admin_token_the_admin_api_does_not_exist() {
     let gw = Gateway::start().await;

@@ -135,6 +135,106 @@ async fn keys_cli_and_serve_work_together() {
     assert_eq!(complete(&url, bob, body).await.status(), 200);
 }
 
+/// A bad limit flag of `keys create` or `keys set`: a non-zero exit, before the store is
+/// opened, with an error naming the flag and the bounds; nothing created or changed.
+#[test]
+fn a_bad_limit_flag_stops_keys_create_and_set_naming_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "http://127.0.0.1:9");
+    let secret = create_key(&config, "kept");
+    let prefix = &secret[..12];
+    let list = || fleetgate(&config, &["keys", "list", "--json"]).stdout;
+    let before = list();
+
+    let fresh = tempfile::tempdir().unwrap();
+    let untouched = write_config(fresh.path(), "http://127.0.0.1:9");
+    let create = ["keys", "create", "--name", "bad"];
+    let set = ["keys", "set", prefix];
+    let cases: [(&[&str], &str, &str, &str); 8] = [
+        (
+            &create,
+            "--max-queued",
+            "3000000000",
+            "must be between 0 and 2147483647 (got 3000000000)",
+        ),
+        (
+            &create,
+            "--max-queued",
+            "-1",
+            "must be between 0 and 2147483647 (got -1)",
+        ),
+        (
+            &create,
+            "--rpm",
+            "0",
+            "must be between 1 and 2147483647 (got 0)",
+        ),
+        (
+            &create,
+            "--rpm",
+            "ten",
+            "must be a whole number between 1 and 2147483647 (got ten)",
+        ),
+        (
+            &set,
+            "--max-queued",
+            "3000000000",
+            "must be between 0 and 2147483647 (got 3000000000), or 'default'",
+        ),
+        (
+            &set,
+            "--max-queued",
+            "1.5",
+            "must be a whole number between 0 and 2147483647 (got 1.5), or 'default'",
+        ),
+        (
+            &set,
+            "--rpm",
+            "0",
+            "must be between 1 and 2147483647 (got 0), or 'default'",
+        ),
+        (
+            &set,
+            "--rpm",
+            "2147483648",
+            "must be between 1 and 2147483647 (got 2147483648), or 'default'",
+        ),
+    ];
+    for (command, flag, value, requirement) in cases {
+        // A value that looks like a flag itself has to be attached: `--max-queued=-1`.
+        let arg = if value.starts_with('-') {
+            vec![format!("{flag}={value}")]
+        } else {
+            vec![flag.to_owned(), value.to_owned()]
+        };
+        for config in [&config, &untouched] {
+            let output = Command::new(FLEETGATE)
+                .args(command)
+                .args(&arg)
+                .arg("--config")
+                .arg(config)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert!(
+                !output.status.success(),
+                "{command:?} {flag} {value}: {stderr}"
+            );
+            assert!(
+                stderr.contains(&format!("invalid value '{value}' for '{flag} <"))
+                    && stderr.contains(requirement),
+                "{command:?} {flag} {value}: {stderr}"
+            );
+            assert!(output.stdout.is_empty(), "{command:?} {flag} {value}");
+        }
+    }
+    assert_eq!(list(), before, "nothing created or changed");
+    assert!(
+        !fresh.path().join("fg.db").exists(),
+        "a bad flag stops the command before the store is opened"
+    );
+}
+
 #[test]
 fn unknown_config_keys_stop_the_start_with_their_name() {
     let dir = tempfile::tempdir().unwrap();

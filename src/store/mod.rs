@@ -13,6 +13,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::keys::Limit;
 use crate::keys::NewKey;
 
 /// The columns of `api_keys`, as [`KeyRecord`]'s `FromRow` reads them, for
@@ -62,9 +63,10 @@ pub struct KeyRecord {
 
 /// A key's own limits; `None` means the configured default applies.
 ///
-/// Stored values are bounded: `requests_per_minute` and `max_concurrent` at least 1, all
-/// three `u32` limits at most `i32::MAX` and the budget at most `i64::MAX` (PostgreSQL's
-/// `INTEGER`/`BIGINT`); the store refuses others with [`StoreError::Invalid`].
+/// Stored values are bounded as [`crate::keys::Limit`] says: `requests_per_minute` and
+/// `max_concurrent` at least 1, all three `u32` limits at most `i32::MAX` and the budget at
+/// most `i64::MAX` (PostgreSQL's `INTEGER`/`BIGINT`); the store refuses others with
+/// [`StoreError::Invalid`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LimitOverrides {
     pub monthly_budget: Option<u64>,
@@ -301,15 +303,15 @@ impl LimitColumns {
             monthly_budget: limits.monthly_budget.map(budget_column).transpose()?,
             requests_per_minute: limits
                 .requests_per_minute
-                .map(|v| limit_column("requests_per_minute", v, 1))
+                .map(|v| limit_column(Limit::RequestsPerMinute, v))
                 .transpose()?,
             max_concurrent: limits
                 .max_concurrent
-                .map(|v| limit_column("max_concurrent", v, 1))
+                .map(|v| limit_column(Limit::MaxConcurrent, v))
                 .transpose()?,
             max_queued: limits
                 .max_queued
-                .map(|v| limit_column("max_queued", v, 0))
+                .map(|v| limit_column(Limit::MaxQueued, v))
                 .transpose()?,
         })
     }
@@ -339,35 +341,27 @@ impl UpdateColumns {
         Ok(Self {
             monthly_budget: change(update.monthly_budget, budget_column)?,
             requests_per_minute: change(update.requests_per_minute, |v| {
-                limit_column("requests_per_minute", v, 1)
+                limit_column(Limit::RequestsPerMinute, v)
             })?,
             max_concurrent: change(update.max_concurrent, |v| {
-                limit_column("max_concurrent", v, 1)
+                limit_column(Limit::MaxConcurrent, v)
             })?,
-            max_queued: change(update.max_queued, |v| limit_column("max_queued", v, 0))?,
+            max_queued: change(update.max_queued, |v| limit_column(Limit::MaxQueued, v))?,
         })
     }
 }
 
 fn budget_column(tokens: u64) -> Result<i64, StoreError> {
-    i64::try_from(tokens).map_err(|_| {
-        StoreError::Invalid(format!(
-            "monthly_budget_tokens must be at most {} (got {tokens})",
-            i64::MAX
-        ))
-    })
+    Limit::MonthlyBudget
+        .check(tokens)
+        .map_err(|err| StoreError::Invalid(err.to_string()))
 }
 
-fn limit_column(name: &str, value: u32, min: u32) -> Result<i32, StoreError> {
-    i32::try_from(value)
-        .ok()
-        .filter(|_| value >= min)
-        .ok_or_else(|| {
-            StoreError::Invalid(format!(
-                "{name} must be between {min} and {} (got {value})",
-                i32::MAX
-            ))
-        })
+/// A `u32` limit as its `INTEGER` column holds it, within the limit's bounds.
+fn limit_column(limit: Limit, value: u32) -> Result<i32, StoreError> {
+    limit
+        .check(value)
+        .map_err(|err| StoreError::Invalid(err.to_string()))
 }
 
 /// A [`UsageRow`]'s counts as stored, after checking the month.
@@ -583,11 +577,21 @@ mod tests {
 
     #[test]
     fn limit_bounds() {
-        assert_eq!(limit_column("rpm", 1, 1).ok(), Some(1));
-        assert!(limit_column("rpm", 0, 1).is_err());
-        assert_eq!(limit_column("q", 0, 0).ok(), Some(0));
-        assert_eq!(limit_column("q", i32::MAX as u32, 0).ok(), Some(i32::MAX));
-        assert!(limit_column("q", i32::MAX as u32 + 1, 0).is_err());
+        assert_eq!(limit_column(Limit::RequestsPerMinute, 1).ok(), Some(1));
+        assert!(limit_column(Limit::RequestsPerMinute, 0).is_err());
+        assert!(limit_column(Limit::MaxConcurrent, 0).is_err());
+        assert_eq!(limit_column(Limit::MaxQueued, 0).ok(), Some(0));
+        assert_eq!(
+            limit_column(Limit::MaxQueued, i32::MAX as u32).ok(),
+            Some(i32::MAX)
+        );
+        match limit_column(Limit::MaxQueued, 3_000_000_000) {
+            Err(StoreError::Invalid(message)) => assert_eq!(
+                message,
+                "max_queued must be between 0 and 2147483647 (got 3000000000)"
+            ),
+            other => panic!("expected Invalid, got {other:?}"),
+        }
         assert_eq!(budget_column(i64::MAX as u64).ok(), Some(i64::MAX));
         assert!(budget_column(u64::MAX).is_err());
     }

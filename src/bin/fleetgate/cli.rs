@@ -1,15 +1,18 @@
-//! The `fleetgate keys …` commands: what they do to the store and what they print.
+//! The `fleetgate keys …` commands: what they print of what the key service
+//! ([`fleetgate::keys::KeyService`]) does.
 //!
 //! Each command takes what it needs (the store, the configured limit defaults) and
 //! returns the text to print; `main.rs` only parses arguments and dispatches. The value
-//! parsers for the limit flags are here too, so the bounds live next to their use.
+//! parsers for the limit flags are here too: they read a number and hand it to the key
+//! service's check, so a bad value stops the command, naming the flag, before the store
+//! is opened.
 
 use serde_json::json;
 
 use fleetgate::admission::{KeyLimits, Month};
 use fleetgate::config::LimitDefaults;
-use fleetgate::keys;
-use fleetgate::store::{KeyRecord, LimitOverrides, LimitUpdate, Store};
+use fleetgate::keys::{KeyError, KeyService, Limit, LimitInput, LimitsChange, NewLimits};
+use fleetgate::store::{KeyRecord, LimitOverrides, Store};
 
 /// A limit flag of `keys set`: a value, or `default` to drop the key's own value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,66 +32,63 @@ impl<T> Setting<T> {
     }
 }
 
-/// The largest value a limit column holds (PostgreSQL `INTEGER`).
-const LIMIT_MAX: u32 = i32::MAX as u32;
-/// The largest monthly budget (PostgreSQL `BIGINT`).
-const BUDGET_MAX: u64 = i64::MAX as u64;
-
-/// `--monthly-budget`: tokens, 0 up to `i64::MAX` (`_` separators allowed).
-pub fn budget_arg(s: &str) -> Result<u64, String> {
-    parse_number(s, 0, BUDGET_MAX)
-}
-
-/// `--rpm`, `--max-concurrent`: at least 1.
-pub fn at_least_one_arg(s: &str) -> Result<u32, String> {
-    parse_number(s, 1, u64::from(LIMIT_MAX)).map(narrow)
-}
-
-/// `--max-queued`: 0 or more.
-pub fn queue_arg(s: &str) -> Result<u32, String> {
-    parse_number(s, 0, u64::from(LIMIT_MAX)).map(narrow)
-}
-
-/// `--monthly-budget` of `keys set`: tokens or `default`.
-pub fn budget_setting(s: &str) -> Result<Setting<u64>, String> {
-    setting(s, budget_arg)
-}
-
-/// `--rpm`, `--max-concurrent` of `keys set`: at least 1, or `default`.
-pub fn at_least_one_setting(s: &str) -> Result<Setting<u32>, String> {
-    setting(s, at_least_one_arg)
-}
-
-/// `--max-queued` of `keys set`: 0 or more, or `default`.
-pub fn queue_setting(s: &str) -> Result<Setting<u32>, String> {
-    setting(s, queue_arg)
-}
-
-fn setting<T>(s: &str, parse: fn(&str) -> Result<T, String>) -> Result<Setting<T>, String> {
-    if s.eq_ignore_ascii_case("default") {
-        Ok(Setting::Default)
-    } else {
-        parse(s)
-            .map(Setting::Value)
-            .map_err(|e| format!("{e}, or 'default'"))
+/// The flag of each limit, to name it in errors.
+pub fn flag(limit: Limit) -> &'static str {
+    match limit {
+        Limit::MonthlyBudget => "--monthly-budget",
+        Limit::RequestsPerMinute => "--rpm",
+        Limit::MaxConcurrent => "--max-concurrent",
+        Limit::MaxQueued => "--max-queued",
     }
 }
 
-fn parse_number(s: &str, min: u64, max: u64) -> Result<u64, String> {
+/// The value parser of a limit flag of `keys create`: a whole number (`_` separators
+/// allowed) within the key service's bounds for `limit`. The message says what the value
+/// must be; clap names the flag.
+pub fn limit_arg(limit: Limit) -> impl Fn(&str) -> Result<LimitInput, String> + Clone {
+    move |s| {
+        let input = read_number(s);
+        limit
+            .check_input::<u64>(&input)
+            .map(|_| input)
+            .map_err(|err| err.requirement())
+    }
+}
+
+/// The value parser of a limit flag of `keys set`: as [`limit_arg`], or `default`.
+pub fn limit_setting(limit: Limit) -> impl Fn(&str) -> Result<Setting<LimitInput>, String> + Clone {
+    let value = limit_arg(limit);
+    move |s| {
+        if s.eq_ignore_ascii_case("default") {
+            Ok(Setting::Default)
+        } else {
+            value(s)
+                .map(Setting::Value)
+                .map_err(|e| format!("{e}, or 'default'"))
+        }
+    }
+}
+
+/// A flag's text as a number if it is one (digits, a leading `-`, `_` separators),
+/// else as it was given.
+fn read_number(s: &str) -> LimitInput {
     let digits: String = s.chars().filter(|&c| c != '_').collect();
-    let expected = || format!("expected a whole number from {min} to {max}");
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(expected());
+    let unsigned = digits.strip_prefix('-').unwrap_or(&digits);
+    let number = !unsigned.is_empty() && unsigned.bytes().all(|b| b.is_ascii_digit());
+    match digits.parse() {
+        Ok(n) if number => LimitInput::Whole(n),
+        _ => LimitInput::Other(s.to_owned()),
     }
-    digits
-        .parse::<u64>()
-        .ok()
-        .filter(|n| (min..=max).contains(n))
-        .ok_or_else(expected)
 }
 
-fn narrow(n: u64) -> u32 {
-    u32::try_from(n).unwrap_or(u32::MAX)
+/// The key service's refusal as the CLI says it: a bad limit by its flag.
+fn cli_error(err: KeyError) -> anyhow::Error {
+    match err {
+        KeyError::InvalidLimit(err) => {
+            anyhow::anyhow!("{} {}", flag(err.limit()), err.requirement())
+        }
+        other => other.into(),
+    }
 }
 
 /// Creates a key with its initial limit overrides. Text output ends with the secret alone
@@ -99,12 +99,14 @@ pub async fn create_key(
     defaults: &LimitDefaults,
     name: &str,
     email: Option<&str>,
-    limits: &LimitOverrides,
+    limits: &NewLimits,
     as_json: bool,
 ) -> anyhow::Result<String> {
-    let key = keys::generate();
-    let record = store.create_key(name, email, &key, limits).await?;
-    let secret = key.secret.expose();
+    let issued = KeyService::new(store, defaults)
+        .create(name, email, limits)
+        .await
+        .map_err(cli_error)?;
+    let (record, secret) = (issued.record, issued.secret.expose());
     Ok(if as_json {
         let mut value = record_json(&record, defaults);
         value["secret"] = json!(secret);
@@ -126,7 +128,10 @@ pub async fn list_keys(
     defaults: &LimitDefaults,
     as_json: bool,
 ) -> anyhow::Result<String> {
-    let records = store.list_keys().await?;
+    let records = KeyService::new(store, defaults)
+        .list()
+        .await
+        .map_err(cli_error)?;
     if as_json {
         let list: Vec<_> = records.iter().map(|r| record_json(r, defaults)).collect();
         return Ok(serde_json::Value::Array(list).to_string());
@@ -160,11 +165,16 @@ pub async fn list_keys(
     Ok(out)
 }
 
-pub async fn revoke_key(store: &dyn Store, id_or_prefix: &str) -> anyhow::Result<String> {
-    match store.revoke_key(id_or_prefix).await? {
-        Some(record) => Ok(format!("Revoked key {} (id {}).", record.prefix, record.id)),
-        None => anyhow::bail!("no key with id or prefix '{id_or_prefix}'"),
-    }
+pub async fn revoke_key(
+    store: &dyn Store,
+    defaults: &LimitDefaults,
+    id_or_prefix: &str,
+) -> anyhow::Result<String> {
+    let record = KeyService::new(store, defaults)
+        .revoke(id_or_prefix)
+        .await
+        .map_err(cli_error)?;
+    Ok(format!("Revoked key {} (id {}).", record.prefix, record.id))
 }
 
 /// Changes a key's limit overrides and prints its effective limits afterwards.
@@ -172,11 +182,12 @@ pub async fn set_limits(
     store: &dyn Store,
     defaults: &LimitDefaults,
     id_or_prefix: &str,
-    update: &LimitUpdate,
+    change: &LimitsChange,
 ) -> anyhow::Result<String> {
-    let Some(record) = store.set_limits(id_or_prefix, update).await? else {
-        anyhow::bail!("no key with id or prefix '{id_or_prefix}'");
-    };
+    let record = KeyService::new(store, defaults)
+        .set_limits(id_or_prefix, change)
+        .await
+        .map_err(cli_error)?;
     Ok(format!(
         "Limits of key {} (id {}, name {:?}){}:\n{}",
         record.prefix,
@@ -195,13 +206,11 @@ pub async fn key_usage(
     id_or_prefix: &str,
     as_json: bool,
 ) -> anyhow::Result<String> {
-    let Some(record) = store.key(id_or_prefix).await? else {
-        anyhow::bail!("no key with id or prefix '{id_or_prefix}'");
-    };
-    let month = Month::now();
-    let used = store.month_usage(record.id, &month.to_string()).await?;
-    let limits = KeyLimits::resolve(defaults, &record.limits);
-    let remaining = limits.monthly_budget.saturating_sub(used);
+    let usage = KeyService::new(store, defaults)
+        .usage(id_or_prefix, Month::now())
+        .await
+        .map_err(cli_error)?;
+    let (record, month, used, remaining) = (usage.record, usage.month, usage.used, usage.remaining);
     let resets = next_month(month);
     if as_json {
         let mut value = record_json(&record, defaults);
@@ -340,24 +349,79 @@ mod tests {
 
     #[test]
     fn limit_args() {
-        assert_eq!(budget_arg("0"), Ok(0));
-        assert_eq!(budget_arg("10_000_000"), Ok(10_000_000));
-        assert_eq!(budget_arg(&i64::MAX.to_string()), Ok(BUDGET_MAX));
-        assert!(budget_arg(&(BUDGET_MAX + 1).to_string()).is_err());
-        for bad in ["", "_", "-1", "+1", "1.5", "1e6", "ten", " 1"] {
-            assert!(budget_arg(bad).is_err(), "{bad:?}");
+        let budget = limit_arg(Limit::MonthlyBudget);
+        assert_eq!(budget("0"), Ok(LimitInput::Whole(0)));
+        assert_eq!(budget("10_000_000"), Ok(LimitInput::Whole(10_000_000)));
+        assert_eq!(
+            budget(&i64::MAX.to_string()),
+            Ok(LimitInput::Whole(i64::MAX.into()))
+        );
+        assert_eq!(
+            budget("9223372036854775808").unwrap_err(),
+            "must be between 0 and 9223372036854775807 (got 9223372036854775808)"
+        );
+        assert_eq!(
+            budget("-1").unwrap_err(),
+            "must be between 0 and 9223372036854775807 (got -1)"
+        );
+        for bad in ["", "_", "-", "+1", "1.5", "1e6", "ten", " 1"] {
+            assert_eq!(
+                budget(bad).unwrap_err(),
+                format!("must be a whole number between 0 and 9223372036854775807 (got {bad})")
+            );
         }
-        assert!(at_least_one_arg("0").is_err());
-        assert_eq!(at_least_one_arg("1"), Ok(1));
-        assert!(at_least_one_arg("2147483648").is_err());
-        assert_eq!(queue_arg("0"), Ok(0));
-        assert_eq!(queue_arg("2147483647"), Ok(LIMIT_MAX));
+        let rpm = limit_arg(Limit::RequestsPerMinute);
+        assert_eq!(
+            rpm("0").unwrap_err(),
+            "must be between 1 and 2147483647 (got 0)"
+        );
+        assert_eq!(rpm("1"), Ok(LimitInput::Whole(1)));
+        assert!(limit_arg(Limit::MaxConcurrent)("2147483648").is_err());
+        let queued = limit_arg(Limit::MaxQueued);
+        assert_eq!(queued("0"), Ok(LimitInput::Whole(0)));
+        assert_eq!(queued("2147483647"), Ok(LimitInput::Whole(2_147_483_647)));
+        assert_eq!(
+            queued("3000000000").unwrap_err(),
+            "must be between 0 and 2147483647 (got 3000000000)"
+        );
 
-        assert_eq!(budget_setting("default"), Ok(Setting::Default));
-        assert_eq!(queue_setting("DEFAULT"), Ok(Setting::Default));
-        assert_eq!(at_least_one_setting("5"), Ok(Setting::Value(5)));
-        let err = at_least_one_setting("0").unwrap_err();
-        assert!(err.contains("'default'"), "{err}");
+        assert_eq!(
+            limit_setting(Limit::MonthlyBudget)("default"),
+            Ok(Setting::Default)
+        );
+        assert_eq!(
+            limit_setting(Limit::MaxQueued)("DEFAULT"),
+            Ok(Setting::Default)
+        );
+        assert_eq!(
+            limit_setting(Limit::RequestsPerMinute)("5"),
+            Ok(Setting::Value(LimitInput::Whole(5)))
+        );
+        let err = limit_setting(Limit::RequestsPerMinute)("0").unwrap_err();
+        assert_eq!(
+            err,
+            "must be between 1 and 2147483647 (got 0), or 'default'"
+        );
+    }
+
+    #[test]
+    fn a_bad_limit_is_named_by_its_flag() {
+        let err = Limit::MaxQueued
+            .check::<u32>(3_000_000_000_u32)
+            .unwrap_err();
+        assert_eq!(
+            cli_error(err.into()).to_string(),
+            "--max-queued must be between 0 and 2147483647 (got 3000000000)"
+        );
+        let err = Limit::RequestsPerMinute.check::<u32>(0_u32).unwrap_err();
+        assert_eq!(
+            cli_error(err.into()).to_string(),
+            "--rpm must be between 1 and 2147483647 (got 0)"
+        );
+        assert_eq!(
+            cli_error(KeyError::NotFound("fg-x".into())).to_string(),
+            "no key with id or prefix 'fg-x'"
+        );
     }
 
     fn defaults() -> LimitDefaults {
@@ -375,9 +439,9 @@ mod tests {
         let store = fleetgate::store::connect("sqlite::memory:").await.unwrap();
         let store = store.as_ref();
         let defaults = defaults();
-        let own = LimitOverrides {
-            requests_per_minute: Some(5),
-            ..LimitOverrides::default()
+        let own = NewLimits {
+            requests_per_minute: Some(LimitInput::Whole(5)),
+            ..NewLimits::default()
         };
 
         let out = create_key(store, &defaults, "alice", None, &own, false)
@@ -389,20 +453,13 @@ mod tests {
             out.contains("5 requests/minute (own)") && out.contains("1000 tokens/month (default)"),
             "{out}"
         );
-        let prefix = &secret[..keys::PREFIX_LEN];
+        let prefix = &secret[..fleetgate::keys::PREFIX_LEN];
         let record = store.key(prefix).await.unwrap().unwrap();
 
         let json: serde_json::Value = serde_json::from_str(
-            &create_key(
-                store,
-                &defaults,
-                "bob",
-                None,
-                &LimitOverrides::default(),
-                true,
-            )
-            .await
-            .unwrap(),
+            &create_key(store, &defaults, "bob", None, &NewLimits::default(), true)
+                .await
+                .unwrap(),
         )
         .unwrap();
         assert_eq!(json["limits"]["requests_per_minute"], 600);
@@ -412,10 +469,10 @@ mod tests {
         );
 
         // Set a budget, drop the rate override.
-        let update = LimitUpdate {
-            monthly_budget: Some(Some(500)),
+        let update = LimitsChange {
+            monthly_budget: Some(Some(LimitInput::Whole(500))),
             requests_per_minute: Some(None),
-            ..LimitUpdate::default()
+            ..LimitsChange::default()
         };
         let out = set_limits(store, &defaults, prefix, &update).await.unwrap();
         assert!(out.contains("  monthly budget   500 tokens (own)"), "{out}");
@@ -424,6 +481,19 @@ mod tests {
             set_limits(store, &defaults, "fg-nosuchkey", &update)
                 .await
                 .is_err()
+        );
+        // A bad value reaching the service (the flag parser stops it first) is named by
+        // its flag, and changes nothing.
+        let bad = LimitsChange {
+            max_queued: Some(Some(LimitInput::Whole(3_000_000_000))),
+            ..LimitsChange::default()
+        };
+        let err = set_limits(store, &defaults, prefix, &bad)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--max-queued must be between 0 and 2147483647 (got 3000000000)"
         );
 
         // Usage of this month from the ledger.

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use fleetgate::config::Config;
+use fleetgate::keys::{Limit, LimitInput, LimitsChange, NewLimits};
 use fleetgate::server;
-use fleetgate::store::{LimitOverrides, LimitUpdate};
 
 mod cli;
 mod demo;
@@ -103,21 +103,22 @@ enum KeysCommand {
     },
 }
 
-/// The limit flags of `keys create`.
+/// The limit flags of `keys create`. The bounds are the key service's
+/// ([`fleetgate::keys::Limit`]); `cli::limit_arg` checks each value against them.
 #[derive(clap::Args)]
 struct CreateLimits {
     /// Prompt + completion tokens per calendar month (UTC).
-    #[arg(long, value_name = "TOKENS", value_parser = cli::budget_arg)]
-    monthly_budget: Option<u64>,
+    #[arg(long, value_name = "TOKENS", value_parser = cli::limit_arg(Limit::MonthlyBudget))]
+    monthly_budget: Option<LimitInput>,
     /// Request starts per minute (at least 1).
-    #[arg(long, value_name = "N", value_parser = cli::at_least_one_arg)]
-    rpm: Option<u32>,
+    #[arg(long, value_name = "N", value_parser = cli::limit_arg(Limit::RequestsPerMinute))]
+    rpm: Option<LimitInput>,
     /// Requests running at once (at least 1).
-    #[arg(long, value_name = "N", value_parser = cli::at_least_one_arg)]
-    max_concurrent: Option<u32>,
+    #[arg(long, value_name = "N", value_parser = cli::limit_arg(Limit::MaxConcurrent))]
+    max_concurrent: Option<LimitInput>,
     /// Requests waiting beyond the running ones (0 or more).
-    #[arg(long, value_name = "N", value_parser = cli::queue_arg)]
-    max_queued: Option<u32>,
+    #[arg(long, value_name = "N", value_parser = cli::limit_arg(Limit::MaxQueued))]
+    max_queued: Option<LimitInput>,
 }
 
 /// The limit flags of `keys set`: at least one; each a value or `default`.
@@ -125,22 +126,22 @@ struct CreateLimits {
 #[group(required = true, multiple = true)]
 struct SetLimits {
     /// Prompt + completion tokens per calendar month (UTC), or `default`.
-    #[arg(long, value_name = "TOKENS|default", value_parser = cli::budget_setting)]
-    monthly_budget: Option<cli::Setting<u64>>,
+    #[arg(long, value_name = "TOKENS|default", value_parser = cli::limit_setting(Limit::MonthlyBudget))]
+    monthly_budget: Option<cli::Setting<LimitInput>>,
     /// Request starts per minute (at least 1), or `default`.
-    #[arg(long, value_name = "N|default", value_parser = cli::at_least_one_setting)]
-    rpm: Option<cli::Setting<u32>>,
+    #[arg(long, value_name = "N|default", value_parser = cli::limit_setting(Limit::RequestsPerMinute))]
+    rpm: Option<cli::Setting<LimitInput>>,
     /// Requests running at once (at least 1), or `default`.
-    #[arg(long, value_name = "N|default", value_parser = cli::at_least_one_setting)]
-    max_concurrent: Option<cli::Setting<u32>>,
+    #[arg(long, value_name = "N|default", value_parser = cli::limit_setting(Limit::MaxConcurrent))]
+    max_concurrent: Option<cli::Setting<LimitInput>>,
     /// Requests waiting beyond the running ones (0 or more), or `default`.
-    #[arg(long, value_name = "N|default", value_parser = cli::queue_setting)]
-    max_queued: Option<cli::Setting<u32>>,
+    #[arg(long, value_name = "N|default", value_parser = cli::limit_setting(Limit::MaxQueued))]
+    max_queued: Option<cli::Setting<LimitInput>>,
 }
 
 impl CreateLimits {
-    fn overrides(&self) -> LimitOverrides {
-        LimitOverrides {
+    fn limits(self) -> NewLimits {
+        NewLimits {
             monthly_budget: self.monthly_budget,
             requests_per_minute: self.rpm,
             max_concurrent: self.max_concurrent,
@@ -150,8 +151,8 @@ impl CreateLimits {
 }
 
 impl SetLimits {
-    fn update(&self) -> LimitUpdate {
-        LimitUpdate {
+    fn change(self) -> LimitsChange {
+        LimitsChange {
             monthly_budget: self.monthly_budget.map(cli::Setting::into_option),
             requests_per_minute: self.rpm.map(cli::Setting::into_option),
             max_concurrent: self.max_concurrent.map(cli::Setting::into_option),
@@ -191,17 +192,17 @@ async fn main() -> anyhow::Result<()> {
                     limits,
                     json,
                 } => {
-                    let limits = limits.overrides();
+                    let limits = limits.limits();
                     cli::create_key(store, defaults, &name, email.as_deref(), &limits, json).await?
                 }
                 KeysCommand::List { json } => cli::list_keys(store, defaults, json).await?,
                 KeysCommand::Revoke { id_or_prefix } => {
-                    cli::revoke_key(store, &id_or_prefix).await?
+                    cli::revoke_key(store, defaults, &id_or_prefix).await?
                 }
                 KeysCommand::Set {
                     id_or_prefix,
                     limits,
-                } => cli::set_limits(store, defaults, &id_or_prefix, &limits.update()).await?,
+                } => cli::set_limits(store, defaults, &id_or_prefix, &limits.change()).await?,
                 KeysCommand::Usage { id_or_prefix, json } => {
                     cli::key_usage(store, defaults, &id_or_prefix, json).await?
                 }

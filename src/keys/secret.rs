@@ -1,4 +1,4 @@
-//! API keys: generation, hashing and verification.
+//! Key secrets: generation, hashing and verification.
 //!
 //! A key's secret is `fg-` followed by the unpadded base64url encoding of 32 random
 //! bytes: 46 ASCII characters in all. Its first [`PREFIX_LEN`] characters are the

@@ -1,0 +1,402 @@
+//! The key service: create, list, find by id or prefix, revoke, set limits, read the
+//! ledger's usage. The admin API and the `fleetgate keys` commands both go through it and
+//! only parse their input and render its answers; the limit values are checked here, by
+//! [`Limit::check_input`], before anything reaches the store.
+
+use crate::admission::{KeyLimits, Month};
+use crate::config::LimitDefaults;
+use crate::store::{KeyRecord, LimitOverrides, LimitUpdate, Store, StoreError};
+
+use super::limits::{InvalidLimit, Limit, LimitInput};
+use super::secret::{Secret, generate};
+
+/// How many fresh keys `create` tries when a generated prefix is already taken (a
+/// 54-bit collision: in practice never twice).
+const CREATE_ATTEMPTS: usize = 3;
+
+/// A new key's own limits as asked for, not yet checked; `None`: the configured default.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NewLimits {
+    pub monthly_budget: Option<LimitInput>,
+    pub requests_per_minute: Option<LimitInput>,
+    pub max_concurrent: Option<LimitInput>,
+    pub max_queued: Option<LimitInput>,
+}
+
+impl NewLimits {
+    /// The limits as the store takes them, or the first one out of bounds.
+    pub fn check(&self) -> Result<LimitOverrides, InvalidLimit> {
+        fn check<T: TryFrom<i128>>(
+            limit: Limit,
+            input: &Option<LimitInput>,
+        ) -> Result<Option<T>, InvalidLimit> {
+            input.as_ref().map(|v| limit.check_input(v)).transpose()
+        }
+        Ok(LimitOverrides {
+            monthly_budget: check(Limit::MonthlyBudget, &self.monthly_budget)?,
+            requests_per_minute: check(Limit::RequestsPerMinute, &self.requests_per_minute)?,
+            max_concurrent: check(Limit::MaxConcurrent, &self.max_concurrent)?,
+            max_queued: check(Limit::MaxQueued, &self.max_queued)?,
+        })
+    }
+}
+
+/// A change of a key's own limits as asked for, not yet checked. For each limit: `None`
+/// leaves it as it is, `Some(None)` returns it to the configured default, `Some(Some(v))`
+/// sets it to `v`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LimitsChange {
+    pub monthly_budget: Option<Option<LimitInput>>,
+    pub requests_per_minute: Option<Option<LimitInput>>,
+    pub max_concurrent: Option<Option<LimitInput>>,
+    pub max_queued: Option<Option<LimitInput>>,
+}
+
+impl LimitsChange {
+    /// The change as the store takes it, or the first value out of bounds.
+    pub fn check(&self) -> Result<LimitUpdate, InvalidLimit> {
+        fn check<T: TryFrom<i128>>(
+            limit: Limit,
+            input: &Option<Option<LimitInput>>,
+        ) -> Result<Option<Option<T>>, InvalidLimit> {
+            input
+                .as_ref()
+                .map(|v| v.as_ref().map(|v| limit.check_input(v)).transpose())
+                .transpose()
+        }
+        Ok(LimitUpdate {
+            monthly_budget: check(Limit::MonthlyBudget, &self.monthly_budget)?,
+            requests_per_minute: check(Limit::RequestsPerMinute, &self.requests_per_minute)?,
+            max_concurrent: check(Limit::MaxConcurrent, &self.max_concurrent)?,
+            max_queued: check(Limit::MaxQueued, &self.max_queued)?,
+        })
+    }
+}
+
+/// A key just created: its record, and its secret, to hand out once.
+#[derive(Debug, Clone)]
+pub struct IssuedKey {
+    pub record: KeyRecord,
+    pub secret: Secret,
+}
+
+/// A key's usage this month as the usage ledger has it (finished requests only; what
+/// running requests reserve is known to the running server's limiter).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MonthUsage {
+    pub record: KeyRecord,
+    /// The limits in force.
+    pub limits: KeyLimits,
+    pub month: Month,
+    /// Tokens (prompt + completion) recorded this month.
+    pub used: u64,
+    /// `budget − used`, at least 0.
+    pub remaining: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// A limit value out of bounds; nothing was changed.
+    #[error(transparent)]
+    InvalidLimit(#[from] InvalidLimit),
+    /// No key has this id or prefix.
+    #[error("no key with id or prefix '{0}'")]
+    NotFound(String),
+    /// The store failed (or, for a value only the store knows to refuse,
+    /// [`StoreError::Invalid`]).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Key management over a store, with the configured limit defaults to resolve a key's
+/// limits in force. Cheap: borrow one per request or command.
+#[derive(Clone, Copy)]
+pub struct KeyService<'a> {
+    store: &'a dyn Store,
+    defaults: &'a LimitDefaults,
+}
+
+impl<'a> KeyService<'a> {
+    pub fn new(store: &'a dyn Store, defaults: &'a LimitDefaults) -> Self {
+        Self { store, defaults }
+    }
+
+    /// The limits in force for a key: its own over the configured defaults.
+    pub fn limits(&self, record: &KeyRecord) -> KeyLimits {
+        KeyLimits::resolve(self.defaults, &record.limits)
+    }
+
+    /// Creates a key with these limits (checked first: an invalid one creates nothing).
+    pub async fn create(
+        &self,
+        name: &str,
+        email: Option<&str>,
+        limits: &NewLimits,
+    ) -> Result<IssuedKey, KeyError> {
+        let limits = limits.check()?;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let key = generate();
+            match self.store.create_key(name, email, &key, &limits).await {
+                Ok(record) => {
+                    return Ok(IssuedKey {
+                        record,
+                        secret: key.secret,
+                    });
+                }
+                Err(StoreError::Duplicate(_)) if attempt < CREATE_ATTEMPTS => continue,
+                Err(err) => return Err(err.into()),
+            }
+        }
+    }
+
+    /// All keys, revoked ones included, oldest first.
+    pub async fn list(&self) -> Result<Vec<KeyRecord>, KeyError> {
+        Ok(self.store.list_keys().await?)
+    }
+
+    /// The key with this id (all digits) or prefix, revoked or not.
+    pub async fn find(&self, id_or_prefix: &str) -> Result<KeyRecord, KeyError> {
+        self.store
+            .key(id_or_prefix)
+            .await?
+            .ok_or_else(|| not_found(id_or_prefix))
+    }
+
+    /// Revokes a key; it stops working at once. Revoking twice keeps the first time.
+    pub async fn revoke(&self, id_or_prefix: &str) -> Result<KeyRecord, KeyError> {
+        self.store
+            .revoke_key(id_or_prefix)
+            .await?
+            .ok_or_else(|| not_found(id_or_prefix))
+    }
+
+    /// Changes a key's own limits (revoked keys too). The values are checked before the
+    /// key is looked up: an invalid one is refused even for an unknown key.
+    pub async fn set_limits(
+        &self,
+        id_or_prefix: &str,
+        change: &LimitsChange,
+    ) -> Result<KeyRecord, KeyError> {
+        let update = change.check()?;
+        self.store
+            .set_limits(id_or_prefix, &update)
+            .await?
+            .ok_or_else(|| not_found(id_or_prefix))
+    }
+
+    /// A key's usage in `month` from the usage ledger, with its limits in force.
+    pub async fn usage(&self, id_or_prefix: &str, month: Month) -> Result<MonthUsage, KeyError> {
+        let record = self.find(id_or_prefix).await?;
+        let used = self
+            .store
+            .month_usage(record.id, &month.to_string())
+            .await?;
+        let limits = self.limits(&record);
+        Ok(MonthUsage {
+            remaining: limits.monthly_budget.saturating_sub(used),
+            record,
+            limits,
+            month,
+            used,
+        })
+    }
+}
+
+fn not_found(id_or_prefix: &str) -> KeyError {
+    KeyError::NotFound(id_or_prefix.to_owned())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn defaults() -> LimitDefaults {
+        LimitDefaults {
+            enabled: true,
+            monthly_budget_tokens: 1_000,
+            requests_per_minute: 600,
+            max_concurrent: 16,
+            max_queued: 64,
+        }
+    }
+
+    fn whole(value: i128) -> Option<LimitInput> {
+        Some(LimitInput::Whole(value))
+    }
+
+    /// One bad value per limit, through `create` and `set_limits`: refused naming the
+    /// field, and the store unchanged.
+    #[tokio::test]
+    async fn bad_limits_are_refused_before_the_store() {
+        let store = crate::store::connect("sqlite::memory:").await.unwrap();
+        let defaults = defaults();
+        let keys = KeyService::new(store.as_ref(), &defaults);
+        let kept = keys
+            .create("kept", None, &NewLimits::default())
+            .await
+            .unwrap();
+
+        let bad: [(Limit, LimitInput, &str); 8] = [
+            (
+                Limit::MonthlyBudget,
+                LimitInput::Whole(i128::from(i64::MAX) + 1),
+                "monthly_budget must be between 0 and 9223372036854775807 (got 9223372036854775808)",
+            ),
+            (
+                Limit::MonthlyBudget,
+                LimitInput::Whole(-1),
+                "monthly_budget must be between 0 and 9223372036854775807 (got -1)",
+            ),
+            (
+                Limit::RequestsPerMinute,
+                LimitInput::Whole(0),
+                "requests_per_minute must be between 1 and 2147483647 (got 0)",
+            ),
+            (
+                Limit::RequestsPerMinute,
+                LimitInput::Other("\"ten\"".to_owned()),
+                "requests_per_minute must be a whole number between 1 and 2147483647 (got \"ten\")",
+            ),
+            (
+                Limit::MaxConcurrent,
+                LimitInput::Whole(0),
+                "max_concurrent must be between 1 and 2147483647 (got 0)",
+            ),
+            (
+                Limit::MaxConcurrent,
+                LimitInput::Whole(2_147_483_648),
+                "max_concurrent must be between 1 and 2147483647 (got 2147483648)",
+            ),
+            (
+                Limit::MaxQueued,
+                LimitInput::Whole(3_000_000_000),
+                "max_queued must be between 0 and 2147483647 (got 3000000000)",
+            ),
+            (
+                Limit::MaxQueued,
+                LimitInput::Other("1.5".to_owned()),
+                "max_queued must be a whole number between 0 and 2147483647 (got 1.5)",
+            ),
+        ];
+        for (limit, input, message) in bad {
+            let mut new = NewLimits::default();
+            let mut change = LimitsChange::default();
+            match limit {
+                Limit::MonthlyBudget => {
+                    new.monthly_budget = Some(input.clone());
+                    change.monthly_budget = Some(Some(input.clone()));
+                }
+                Limit::RequestsPerMinute => {
+                    new.requests_per_minute = Some(input.clone());
+                    change.requests_per_minute = Some(Some(input.clone()));
+                }
+                Limit::MaxConcurrent => {
+                    new.max_concurrent = Some(input.clone());
+                    change.max_concurrent = Some(Some(input.clone()));
+                }
+                Limit::MaxQueued => {
+                    new.max_queued = Some(input.clone());
+                    change.max_queued = Some(Some(input.clone()));
+                }
+            }
+            match keys.create("bad", None, &new).await {
+                Err(KeyError::InvalidLimit(err)) => {
+                    assert_eq!(err.limit(), limit);
+                    assert_eq!(err.to_string(), message);
+                }
+                other => panic!("{input:?}: expected InvalidLimit, got {other:?}"),
+            }
+            for target in [kept.record.prefix.as_str(), "404"] {
+                match keys.set_limits(target, &change).await {
+                    Err(KeyError::InvalidLimit(err)) => {
+                        assert_eq!(err.limit(), limit);
+                        assert_eq!(err.to_string(), message);
+                    }
+                    other => panic!("{input:?}: expected InvalidLimit, got {other:?}"),
+                }
+            }
+        }
+        assert_eq!(keys.list().await.unwrap(), [kept.record]);
+    }
+
+    #[tokio::test]
+    async fn create_find_set_usage_revoke() {
+        let store = crate::store::connect("sqlite::memory:").await.unwrap();
+        let defaults = defaults();
+        let keys = KeyService::new(store.as_ref(), &defaults);
+
+        let edges = NewLimits {
+            monthly_budget: whole(i128::from(i64::MAX)),
+            requests_per_minute: whole(1),
+            max_concurrent: whole(i128::from(i32::MAX)),
+            max_queued: whole(0),
+        };
+        let issued = keys.create("edges", Some("e@x"), &edges).await.unwrap();
+        assert!(issued.secret.expose().starts_with(&issued.record.prefix));
+        assert_eq!(
+            issued.record.limits,
+            LimitOverrides {
+                monthly_budget: Some(i64::MAX as u64),
+                requests_per_minute: Some(1),
+                max_concurrent: Some(i32::MAX as u32),
+                max_queued: Some(0),
+            }
+        );
+        let id = issued.record.id.to_string();
+        assert_eq!(keys.find(&id).await.unwrap(), issued.record);
+        assert_eq!(
+            keys.find(&issued.record.prefix).await.unwrap(),
+            issued.record
+        );
+        assert!(matches!(
+            keys.find("fg-nosuchkey").await,
+            Err(KeyError::NotFound(ref k)) if k == "fg-nosuchkey"
+        ));
+
+        let change = LimitsChange {
+            monthly_budget: Some(whole(500)),
+            requests_per_minute: Some(None),
+            ..LimitsChange::default()
+        };
+        let record = keys.set_limits(&id, &change).await.unwrap();
+        assert_eq!(record.limits.monthly_budget, Some(500));
+        assert_eq!(record.limits.requests_per_minute, None);
+        assert_eq!(keys.limits(&record).requests_per_minute, 600);
+        assert_eq!(record.limits.max_queued, Some(0), "left as it was");
+        assert!(matches!(
+            keys.set_limits("12345", &change).await,
+            Err(KeyError::NotFound(_))
+        ));
+
+        let month = Month::now();
+        store
+            .record_usage(&crate::store::UsageRow {
+                key_id: record.id,
+                request_id: "req_1".to_owned(),
+                month: month.to_string(),
+                prompt_tokens: 100,
+                completion_tokens: 20,
+                created_at: 0,
+            })
+            .await
+            .unwrap();
+        let usage = keys.usage(&record.prefix, month).await.unwrap();
+        assert_eq!((usage.used, usage.remaining), (120, 380));
+        assert_eq!(usage.limits.monthly_budget, 500);
+        assert!(matches!(
+            keys.usage("fg-nosuchkey", month).await,
+            Err(KeyError::NotFound(_))
+        ));
+
+        let revoked = keys.revoke(&record.prefix).await.unwrap();
+        assert!(!revoked.is_active());
+        assert!(matches!(
+            keys.revoke("fg-nosuchkey").await,
+            Err(KeyError::NotFound(_))
+        ));
+        assert_eq!(keys.list().await.unwrap(), [revoked]);
+    }
+}
