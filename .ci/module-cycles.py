@@ -130,11 +130,17 @@ class Crate:
         self.text[file] = text
         self.items[file] = set(ITEM.findall(text))
         self.reexports[file] = {}
+        children = re.findall(r"^\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+([A-Za-z_][A-Za-z0-9_]*)\s*;", text, re.M)
         for m in USE.finditer(text):
             if m.group(1):
                 for path in expand_use_tree(m.group(2)):
+                    head = path.split("::")[0]
+                    if head in children:
+                        path = "self::" + path
+                    elif head not in ("crate", "super", "self"):
+                        continue  # another crate's item
                     self.reexports[file][path.split("::")[-1]] = path
-        for name in re.findall(r"^\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+([A-Za-z_][A-Za-z0-9_]*)\s*;", text, re.M):
+        for name in children:
             child = self.child_file(file, name)
             if child:
                 self.load(module + (name,), child)

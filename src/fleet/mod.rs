@@ -22,8 +22,10 @@ mod sleep;
 mod wake;
 
 pub use ejection::Health;
+pub use load::Reported;
 pub use model::{Model, NoNode};
 pub use node::{InFlight, Node};
+pub use sleep::Sleep;
 
 use crate::config::Config;
 use crate::error::ApiError;

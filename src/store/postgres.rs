@@ -6,9 +6,12 @@ use sqlx::PgPool;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::PgPoolOptions;
 
-use super::{
-    KeyRecord, KeySelector, LimitColumns, LimitOverrides, LimitUpdate, LogColumns, RequestLogRow,
-    Store, StoreError, UpdateColumns, UsageColumns, UsageRow, convert, insert_error, now_unix,
+use super::columns::{
+    KeySelector, LimitColumns, LogColumns, UpdateColumns, UsageColumns, convert, insert_error,
+    now_unix,
+};
+use super::records::{
+    KeyRecord, LimitOverrides, LimitUpdate, RequestLogRow, Store, StoreError, UsageRow,
 };
 use crate::keys::NewKey;
 

@@ -7,9 +7,12 @@ use sqlx::SqlitePool;
 use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
-use super::{
-    KeyRecord, KeySelector, LimitColumns, LimitOverrides, LimitUpdate, LogColumns, RequestLogRow,
-    Store, StoreError, UpdateColumns, UsageColumns, UsageRow, convert, insert_error, now_unix,
+use super::columns::{
+    KeySelector, LimitColumns, LogColumns, UpdateColumns, UsageColumns, convert, insert_error,
+    now_unix,
+};
+use super::records::{
+    KeyRecord, LimitOverrides, LimitUpdate, RequestLogRow, Store, StoreError, UsageRow,
 };
 use crate::backoff::Backoff;
 use crate::keys::NewKey;
