@@ -11,10 +11,10 @@
 use std::time::{Duration, Instant};
 
 use fleetgate::config::Config;
-use mock_vllm::{MockConfig, MockVllm};
 use fleetgate::server;
 use fleetgate::store::LimitOverrides;
 use futures_util::StreamExt;
+use mock_vllm::{MockConfig, MockVllm};
 
 const BODY: &str = r#"{"model":"MODEL","prompt":"The capital of France is","max_tokens":4,"temperature":0.7,"top_k":20}"#;
 

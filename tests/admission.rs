@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use common::{Gateway, MODEL, expect_error};
 use fleetgate::admission::Limiter;
-use mock_vllm::{FailureMode, MockConfig};
 use fleetgate::store::LimitOverrides;
+use mock_vllm::{FailureMode, MockConfig};
 use serde_json::json;
 use tokio::time::timeout;
 

@@ -14,8 +14,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Gateway, MODEL, expect_error};
-use mock_vllm::MockConfig;
 use fleetgate::store::LimitOverrides;
+use mock_vllm::MockConfig;
 use serde_json::json;
 
 /// Bound on every wait in this file: a test fails rather than hangs.

@@ -17,8 +17,8 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use common::{Gateway, MODEL, Sample, expect_error, node, parse_metrics};
-use mock_vllm::{FailureMode, MockConfig, MockVllm};
 use fleetgate::store::LimitOverrides;
+use mock_vllm::{FailureMode, MockConfig, MockVllm};
 use tokio::task::JoinHandle;
 
 /// Fast probes and short back-offs, so that every fault plays out in well under a second.

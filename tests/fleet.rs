@@ -11,8 +11,8 @@ mod common;
 use std::time::Duration;
 
 use common::{Gateway, MODEL};
-use mock_vllm::{MockConfig, MockVllm};
 use futures_util::StreamExt;
+use mock_vllm::{MockConfig, MockVllm};
 
 async fn node(token_delay_ms: u64) -> MockVllm {
     common::node(MockConfig {

@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::{Gateway, MODEL, Sample, expect_error, parse_metrics};
-use mock_vllm::FailureMode;
 use fleetgate::store::LimitOverrides;
+use mock_vllm::FailureMode;
 use serde_json::json;
 
 /// The value of the series with exactly these labels (`None` if absent).

@@ -397,12 +397,8 @@ fn parse_clamp(value: &str) -> (u64, u64, String, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PostgreSQL and Redis (set TEST_POSTGRES_URL, TEST_REDIS_URL)"]
 async fn two_replicas_share_one_queue() {
-    let cluster = Cluster::start(
-        "queue",
-        50,
-        &["--max-concurrent", "2", "--max-queued", "1"],
-    )
-    .await;
+    let cluster =
+        Cluster::start("queue", 50, &["--max-concurrent", "2", "--max-queued", "1"]).await;
     let [a, b] = &cluster.urls;
     let api = &cluster.api;
     // 2000 tokens 50 ms apart: each stream would run 100 s; the test ends them.
@@ -475,12 +471,7 @@ async fn two_replicas_share_one_budget() {
     const REQUESTS: usize = 16;
     let budget = BUDGET.to_string();
     // 100 tokens 2 ms apart: each request runs ~200 ms, so they overlap.
-    let cluster = Cluster::start(
-        "budget",
-        2,
-        &["--monthly-budget", &budget],
-    )
-    .await;
+    let cluster = Cluster::start("budget", 2, &["--monthly-budget", &budget]).await;
     let api = &cluster.api;
     let prompt: Vec<u64> = (1..=PROMPT).collect();
     let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": MAX_TOKENS});

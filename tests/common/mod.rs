@@ -19,9 +19,9 @@ use fleetgate::admission::ledger::LedgerUsage;
 use fleetgate::admission::local::LocalLimiter;
 use fleetgate::app::AppState;
 use fleetgate::config::Config;
-use mock_vllm::{MockConfig, MockVllm};
 use fleetgate::server;
 use fleetgate::store::LimitOverrides;
+use mock_vllm::{MockConfig, MockVllm};
 use tokio::sync::oneshot;
 
 pub const MODEL: &str = "llama-8b";

@@ -8,8 +8,8 @@ use std::path::Path;
 use tokio::net::TcpListener;
 
 use fleetgate::config::Config;
-use mock_vllm::{MockConfig, MockVllm};
 use fleetgate::server;
+use mock_vllm::{MockConfig, MockVllm};
 
 pub const DEMO_MODEL: &str = "llama-8b";
 const DEMO_CHECKPOINT: &str = "meta-llama/Llama-3.1-8B";
@@ -44,7 +44,12 @@ gpu = "demo-gpu-0"
     let key = fleetgate::keys::generate();
     state
         .store()
-        .create_key("demo", None, &key, &fleetgate::store::LimitOverrides::default())
+        .create_key(
+            "demo",
+            None,
+            &key,
+            &fleetgate::store::LimitOverrides::default(),
+        )
         .await?;
     println!("{}", instructions(address, key.secret.expose()));
     server::serve(state, listener, server::shutdown_signal()).await?;

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use fleetgate::config::Config;
-use fleetgate::store::{LimitOverrides, LimitUpdate};
 use fleetgate::server;
+use fleetgate::store::{LimitOverrides, LimitUpdate};
 
 mod cli;
 mod demo;

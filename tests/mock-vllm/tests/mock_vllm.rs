@@ -764,6 +764,10 @@ async fn closed_gate_holds_requests_until_opened() {
 }
 
 async fn metrics_text(client: &reqwest::Client, base_url: &str) -> String {
-    let response = client.get(format!("{base_url}/metrics")).send().await.unwrap();
+    let response = client
+        .get(format!("{base_url}/metrics"))
+        .send()
+        .await
+        .unwrap();
     response.text().await.unwrap()
 }
