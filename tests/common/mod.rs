@@ -1,14 +1,10 @@
-//! Test harness: a real fleetgate on an ephemeral port, in front of an in-process
-//! mock-vllm, with a fresh SQLite store and key per test; and the real binaries as child
-//! processes (`processes`); fresh PostgreSQL databases (`postgres`).
-
-#![allow(
-    dead_code,
-    reason = "each test binary uses a different part of the harness"
-)]
+//! Test harness of the in-process suites (`tests/it`): a real fleetgate on an ephemeral
+//! port, in front of an in-process mock-vllm, with a fresh SQLite store and key per test;
+//! fresh PostgreSQL databases (`postgres`). The real binaries as child processes
+//! (`processes`) are for the targets that run them (`tests/binary.rs`,
+//! `tests/replicas.rs`), which declare just the submodules they use.
 
 pub mod postgres;
-pub mod processes;
 
 use std::collections::BTreeMap;
 use std::path::Path;
