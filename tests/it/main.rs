@@ -30,4 +30,5 @@ mod limiter;
 mod metadata_log;
 mod metrics;
 mod openapi;
+mod router;
 mod store;
