@@ -8,7 +8,10 @@
     reason = "a test fails by panicking"
 )]
 
-mod common;
+/// The parts of the shared harness (`tests/common`) these tests use.
+mod common {
+    pub mod processes;
+}
 
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -19,7 +19,11 @@
     reason = "a test fails by panicking"
 )]
 
-mod common;
+/// The parts of the shared harness (`tests/common`) these tests use.
+mod common {
+    pub mod postgres;
+    pub mod processes;
+}
 
 use std::future::Future;
 use std::path::{Path, PathBuf};

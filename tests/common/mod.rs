@@ -1,14 +1,11 @@
-//! Test harness: a real fleetgate on an ephemeral port, in front of an in-process
-//! mock-vllm, with a fresh SQLite store and key per test; and the real binaries as child
-//! processes (`processes`); fresh PostgreSQL databases (`postgres`).
-
-#![allow(
-    dead_code,
-    reason = "each test binary uses a different part of the harness"
-)]
+//! Test harness of the in-process suites (`tests/it`): a real fleetgate on an ephemeral
+//! port, in front of an in-process mock-vllm, with a fresh SQLite store and key per test;
+//! its router alone, without a socket ([`App`]); fresh PostgreSQL databases (`postgres`).
+//! The tests name `AppState` and `build_router` only here. The real binaries as child
+//! processes (`processes`) are for the targets that run them (`tests/binary.rs`,
+//! `tests/replicas.rs`), which declare just the submodules they use.
 
 pub mod postgres;
-pub mod processes;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -18,6 +15,7 @@ use fleetgate::admission::Limiter;
 use fleetgate::admission::ledger::LedgerUsage;
 use fleetgate::admission::local::LocalLimiter;
 use fleetgate::config::Config;
+use fleetgate::router::build_router;
 use fleetgate::server;
 use fleetgate::state::AppState;
 use fleetgate::store::LimitOverrides;
@@ -75,18 +73,7 @@ impl Gateway {
     }
 
     pub async fn start_config(mock: MockVllm, toml: &str, dir: tempfile::TempDir) -> Self {
-        let config = Config::from_toml(toml).unwrap();
-        let store = fleetgate::store::connect(&config.database_url)
-            .await
-            .unwrap();
-        let limiter = Arc::new(LocalLimiter::new(Arc::new(LedgerUsage(Arc::clone(&store)))));
-        let state = AppState::new(config, store, limiter.clone()).unwrap();
-        let key = fleetgate::keys::generate();
-        state
-            .store()
-            .create_key("test", None, &key, &LimitOverrides::default())
-            .await
-            .unwrap();
+        let (state, limiter, key) = state(toml).await;
         // Start-up asks every node what it serves (and ejects the silent ones); done
         // here so that a test's fault injection comes after it.
         state.prober().discover().await;
@@ -98,7 +85,7 @@ impl Gateway {
         }));
         Self {
             url,
-            key: key.secret.expose().to_owned(),
+            key,
             state,
             limiter,
             mock,
@@ -207,6 +194,62 @@ impl Drop for Gateway {
     fn drop(&mut self) {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
+        }
+    }
+}
+
+/// The state of a gateway configured by `toml`, over the store it names and an
+/// in-process limiter, with one key named `test`: (state, limiter, the key's secret).
+async fn state(toml: &str) -> (AppState, Arc<LocalLimiter>, String) {
+    let config = Config::from_toml(toml).unwrap();
+    let store = fleetgate::store::connect(&config.database_url)
+        .await
+        .unwrap();
+    let limiter = Arc::new(LocalLimiter::new(Arc::new(LedgerUsage(Arc::clone(&store)))));
+    let state = AppState::new(config, store, limiter.clone()).unwrap();
+    let key = fleetgate::keys::generate();
+    state
+        .store()
+        .create_key("test", None, &key, &LimitOverrides::default())
+        .await
+        .unwrap();
+    (state, limiter, key.secret.expose().to_owned())
+}
+
+/// fleetgate's router (`build_router`) with no listener and no node, over a fresh SQLite
+/// store and in-process limiter: for requests answered before any upstream is asked.
+/// Drive it with `tower::ServiceExt::oneshot`.
+pub struct App {
+    pub router: axum::Router,
+    /// The secret of a valid key.
+    pub key: String,
+    _dir: tempfile::TempDir,
+}
+
+impl App {
+    pub async fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        // Nothing listens on port 9 (discard): a request that got as far as the node
+        // would fail, not pass.
+        let toml = format!(
+            r#"
+database_url = "sqlite://{db}"
+
+[[models]]
+id = "{MODEL}"
+default = true
+
+[[models.upstreams]]
+url = "http://127.0.0.1:9"
+gpu = "gpu-a"
+"#,
+            db = dir.path().join("fleetgate.db").display(),
+        );
+        let (state, _, key) = state(&toml).await;
+        Self {
+            router: build_router(state),
+            key,
+            _dir: dir,
         }
     }
 }

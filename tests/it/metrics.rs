@@ -1,18 +1,10 @@
 //! `GET /metrics`: no key needed, Prometheus text, the series and their labels after a
 //! JSON completion, a stream, a 400 and a 429 — and no keys or prompts in it.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test fails by panicking"
-)]
-
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{Gateway, MODEL, Sample, expect_error, parse_metrics};
+use crate::common::{Gateway, MODEL, Sample, expect_error, parse_metrics};
 use fleetgate::store::LimitOverrides;
 use mock_vllm::FailureMode;
 use serde_json::json;

@@ -4,12 +4,11 @@
 //! over one shared state, plus the fake usage ledger they seed from), and
 //! [`limiter_tests!`] instantiates it for [`LocalLimiter`] and for [`RedisLimiter`]. The
 //! Redis tests are ignored by default; run them with
-//! `TEST_REDIS_URL=redis://127.0.0.1:6379 cargo test --test limiter -- --include-ignored`.
+//! `TEST_REDIS_URL=redis://127.0.0.1:6379 cargo test --test it limiter:: -- --include-ignored`.
 //! Each uses its own key prefix and deletes its keys afterwards.
 //!
 //! Nothing here sleeps to synchronise: tests wait on the limiter's own futures, bounded by
 //! timeouts, and look at `occupancy`.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
 use std::fmt::Debug;

@@ -1,17 +1,9 @@
 //! Admission over HTTP (in-process counters): budget clamps and refusals, the per-key
 //! queue, the rate limit, and slots coming back on every path.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test fails by panicking"
-)]
-
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{Gateway, MODEL, expect_error};
+use crate::common::{Gateway, MODEL, expect_error};
 use fleetgate::admission::Limiter;
 use fleetgate::store::LimitOverrides;
 use mock_vllm::{FailureMode, MockConfig};

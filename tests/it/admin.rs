@@ -1,14 +1,6 @@
 //! The admin API: guarded by the admin token, off without one.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test fails by panicking"
-)]
-
-mod common;
-
-use common::{Gateway, MODEL, expect_error};
+use crate::common::{Gateway, MODEL, expect_error};
 use mock_vllm::MockConfig;
 use serde_json::{Value, json};
 

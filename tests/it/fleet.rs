@@ -1,16 +1,8 @@
 //! Several vLLM nodes behind one model: load follows each node's speed.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test fails by panicking"
-)]
-
-mod common;
-
 use std::time::Duration;
 
-use common::{Gateway, MODEL};
+use crate::common::{self, Gateway, MODEL};
 use futures_util::StreamExt;
 use mock_vllm::{MockConfig, MockVllm};
 

@@ -1,15 +1,7 @@
 //! One metadata row per request (the reference's "Privacy" section): who, what, how it
 //! went — and never the prompt or the completion.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test fails by panicking"
-)]
-
-mod common;
-
-use common::{Gateway, MODEL};
+use crate::common::{Gateway, MODEL};
 
 const PROMPT: &str = "PRIVATE-PROMPT-TEXT-4711";
 

@@ -4,16 +4,13 @@
 //! need to reconnect, the database URL), and [`backend_tests!`] instantiates it for
 //! SQLite (a fresh temp file per test) and for PostgreSQL (a fresh database per test,
 //! dropped afterwards). The PostgreSQL tests are ignored by default; run them with
-//! `TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test cargo test --test store -- --include-ignored`.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
+//! `TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test cargo test --test it store:: -- --include-ignored`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::postgres::{FreshDatabase, with_database};
+use crate::common::postgres::{FreshDatabase, with_database};
 use fleetgate::keys::{self, NewKey};
 use fleetgate::request_log::{RequestLog, RequestLogConfig, RequestLogStats};
 use fleetgate::store::{

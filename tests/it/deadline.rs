@@ -3,17 +3,9 @@
 //! an explicit one that cannot fit is refused unless streamed, and an upstream that
 //! overruns the window is cut with 504 — aborted upstream, nothing charged.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test fails by panicking"
-)]
-
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{Gateway, MODEL, expect_error};
+use crate::common::{self, Gateway, MODEL, expect_error};
 use fleetgate::store::LimitOverrides;
 use mock_vllm::MockConfig;
 use serde_json::json;

@@ -1,17 +1,9 @@
 //! fleetgate in front of mock-vllm over real sockets: what the client gets and what the
 //! upstream receives.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test fails by panicking"
-)]
-
-mod common;
-
 use std::time::Duration;
 
-use common::{CHECKPOINT, Gateway, MODEL, expect_error};
+use crate::common::{CHECKPOINT, Gateway, MODEL, expect_error};
 use mock_vllm::{FailureMode, MockConfig};
 use tokio::time::timeout;
 

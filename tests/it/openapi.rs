@@ -1,11 +1,5 @@
 //! The OpenAPI document: checked in, current, and in agreement with the parser.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test fails by panicking"
-)]
-
 use fleetgate::completion::request::CompletionRequest;
 use serde_json::{Value, json};
 
@@ -29,7 +23,7 @@ fn checked_in_document_matches_the_code() {
     let on_disk = std::fs::read_to_string(CHECKED_IN).unwrap_or_default();
     assert!(
         on_disk == pretty,
-        "{CHECKED_IN} is out of date: run `UPDATE_OPENAPI=1 cargo test --test openapi` and commit it"
+        "{CHECKED_IN} is out of date: run `UPDATE_OPENAPI=1 cargo test --test it openapi::` and commit it"
     );
 }
 

@@ -8,23 +8,15 @@
 //! The hooks are a small HTTP server in the test: `POST /wake` and `POST /sleep`
 //! control the mock node (reopen it, refuse connections) and count their calls.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test fails by panicking"
-)]
-
-mod common;
-
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::common::{self, CHECKPOINT, Gateway, MODEL, expect_error};
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
-use common::{CHECKPOINT, Gateway, MODEL, expect_error};
 use fleetgate::store::LimitOverrides;
 use mock_vllm::{FailureMode, MockConfig, MockVllm};
 use serde_json::{Value, json};

@@ -4,19 +4,11 @@
 //! documented client-visible result, traffic moves to the healthy node within a
 //! second, the `/metrics` series follow, and nothing hangs (every test is bounded).
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test fails by panicking"
-)]
-
-mod common;
-
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use common::{Gateway, MODEL, Sample, expect_error, node, parse_metrics};
+use crate::common::{Gateway, MODEL, Sample, expect_error, node, parse_metrics};
 use fleetgate::store::LimitOverrides;
 use mock_vllm::{FailureMode, MockConfig, MockVllm};
 use tokio::task::JoinHandle;

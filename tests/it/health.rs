@@ -1,16 +1,8 @@
 //! `GET /health`: per-model readiness and, with `verbose`, each node's state.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test fails by panicking"
-)]
-
-mod common;
-
 use std::time::Duration;
 
-use common::{CHECKPOINT, Gateway, MODEL, expect_error};
+use crate::common::{self, CHECKPOINT, Gateway, MODEL, expect_error};
 use mock_vllm::{FailureMode, MockConfig, MockVllm};
 use serde_json::{Value, json};
 

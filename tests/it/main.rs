@@ -1,0 +1,34 @@
+//! The in-process integration tests, one module per suite, in one test binary (each test
+//! binary links the whole dependency tree, so one is much faster to build than many):
+//! fleetgate on an ephemeral port in front of in-process mock-vllm nodes, its router
+//! without a socket, and the store and limiter suites. The suites that run the real
+//! binaries as child processes are targets of their own (`tests/binary.rs`,
+//! `tests/replicas.rs`); all three share the harness in `tests/common`.
+//!
+//! Every test here runs in one process, in parallel with the others: nothing may set
+//! environment variables, change the working directory, install a global subscriber or
+//! use a fixed file name or port.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails by panicking"
+)]
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod admin;
+mod admission;
+mod cold_boot;
+mod deadline;
+mod faults;
+mod fleet;
+mod gateway;
+mod health;
+mod limiter;
+mod metadata_log;
+mod metrics;
+mod openapi;
+mod router;
+mod store;
