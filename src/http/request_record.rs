@@ -1,5 +1,5 @@
-//! One metadata row per request for the request log (the reference's "Privacy"
-//! section): who (key prefix, email, client IP), what (endpoint, model, workload), how it
+//! One metadata row per request for the request log (what the README's "Request log"
+//! section promises): who (key prefix, email, client IP), what (endpoint, model, workload), how it
 //! went (status, error code, tokens, latency) — never prompt or completion text.
 //!
 //! The middleware opens the record and fills in what it sees; the stages fill in the
