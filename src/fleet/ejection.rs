@@ -32,6 +32,15 @@ struct State {
     streak: u32,
     /// Cancelled when the node is found dead; replaced when it comes back.
     lost: CancellationToken,
+    /// Times the node was put down on purpose ([`Health::set_down`]): a probe that
+    /// started before the last of them says nothing about the node after it.
+    downs: u64,
+}
+
+/// When a probe started, as [`Health::probe_succeeded`] needs to know.
+#[derive(Debug, Clone, Copy)]
+pub struct ProbeTicket {
+    downs: u64,
 }
 
 impl Health {
@@ -44,6 +53,7 @@ impl Health {
                 until: Instant::now(),
                 streak: 0,
                 lost: CancellationToken::new(),
+                downs: 0,
             }),
             backoff,
         }
@@ -93,10 +103,19 @@ impl Health {
         state.up || now >= state.until
     }
 
-    /// The node answered its probe. Returns whether this re-admitted it.
-    pub fn probe_succeeded(&self, now: Instant) -> bool {
+    /// Taken as a probe starts, for [`probe_succeeded`](Self::probe_succeeded).
+    pub fn probe_ticket(&self) -> ProbeTicket {
+        ProbeTicket {
+            downs: self.state().downs,
+        }
+    }
+
+    /// The node answered the probe that took `ticket`. Returns whether this re-admitted
+    /// it: not before its back-off has passed, and not when it was put to sleep while
+    /// the probe ran (the answer came from the node as it was before it went down).
+    pub fn probe_succeeded(&self, now: Instant, ticket: ProbeTicket) -> bool {
         let mut state = self.state();
-        if state.up || now < state.until {
+        if state.up || now < state.until || state.downs != ticket.downs {
             return false;
         }
         state.up = true;
@@ -121,6 +140,7 @@ impl Health {
         state.up = false;
         state.until = Instant::now();
         state.lost.cancel();
+        state.downs += 1;
     }
 
     /// Probe an ejected node at the next round instead of after its back-off (a boot
@@ -160,7 +180,7 @@ mod tests {
         assert!(!h.is_up());
         assert!(!h.probe_due(Instant::now()));
         assert!(
-            !h.probe_succeeded(Instant::now()),
+            !h.probe_succeeded(Instant::now(), h.probe_ticket()),
             "not re-admitted before the back-off"
         );
         assert!(h.probe_due(Instant::now() + Duration::from_secs(61)));
@@ -170,13 +190,31 @@ mod tests {
     fn a_probe_after_the_back_off_re_admits_and_keeps_the_streak() {
         let h = health(1, 1000);
         h.request_failed();
-        assert!(h.probe_succeeded(Instant::now() + Duration::from_millis(2)));
+        assert!(h.probe_succeeded(Instant::now() + Duration::from_millis(2), h.probe_ticket()));
         assert!(h.is_up());
         // Failing again right after re-admission doubles the back-off.
         h.request_failed();
         assert_eq!(h.state().streak, 2);
         h.request_succeeded();
         assert_eq!(h.state().streak, 0);
+        assert!(h.is_up());
+    }
+
+    #[test]
+    fn a_probe_that_started_before_the_node_was_put_to_sleep_does_not_wake_it() {
+        let h = health(1, 1);
+        let before = h.probe_ticket();
+        h.set_down();
+        let later = Instant::now() + Duration::from_millis(2);
+        assert!(
+            !h.probe_succeeded(later, before),
+            "an answer from before the sleep"
+        );
+        assert!(!h.is_up());
+        assert!(
+            h.probe_succeeded(later, h.probe_ticket()),
+            "a probe after it"
+        );
         assert!(h.is_up());
     }
 

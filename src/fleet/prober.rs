@@ -102,6 +102,7 @@ impl Prober {
     async fn probe(&self, model: &Model, upstream: &Node) {
         let timeout = self.timeout;
         let client = &self.client;
+        let ticket = upstream.health.probe_ticket();
         let answer = tokio::time::timeout(timeout, async {
             client.health(&upstream.url).await?;
             client.read_served(&upstream.url).await
@@ -134,7 +135,7 @@ impl Prober {
                         // A booting node that answers is up, whatever its back-off said.
                         upstream.health.probe_soon();
                     }
-                    if upstream.health.probe_succeeded(Instant::now()) {
+                    if upstream.health.probe_succeeded(Instant::now(), ticket) {
                         tracing::info!(model = %model.id, gpu = %upstream.gpu, "node is up again");
                         upstream.announce_up();
                         model.boot_done();
