@@ -257,7 +257,7 @@ pub async fn list_keys(State(state): State<AppState>) -> Result<Json<Vec<KeyView
 
 #[utoipa::path(get, path = "/admin/keys/{key}", tag = "admin",
     params(("key" = String, Path, description = "Key id or prefix")),
-    responses((status = 200, body = KeyView), (status = 404, body = crate::openapi::ErrorEnvelopeDoc)),
+    responses((status = 200, body = KeyView), (status = 401, body = crate::openapi::ErrorEnvelopeDoc), (status = 404, body = crate::openapi::ErrorEnvelopeDoc)),
     security(("admin" = [])))]
 pub async fn show_key(
     State(state): State<AppState>,
@@ -270,7 +270,7 @@ pub async fn show_key(
 
 #[utoipa::path(post, path = "/admin/keys/{key}/revoke", tag = "admin",
     params(("key" = String, Path, description = "Key id or prefix")),
-    responses((status = 200, body = KeyView), (status = 404, body = crate::openapi::ErrorEnvelopeDoc)),
+    responses((status = 200, body = KeyView), (status = 401, body = crate::openapi::ErrorEnvelopeDoc), (status = 404, body = crate::openapi::ErrorEnvelopeDoc)),
     security(("admin" = [])))]
 pub async fn revoke_key(
     State(state): State<AppState>,
@@ -283,7 +283,7 @@ pub async fn revoke_key(
 
 #[utoipa::path(patch, path = "/admin/keys/{key}/limits", tag = "admin", request_body = LimitsPatch,
     params(("key" = String, Path, description = "Key id or prefix")),
-    responses((status = 200, body = KeyView), (status = 400, body = crate::openapi::ErrorEnvelopeDoc), (status = 404, body = crate::openapi::ErrorEnvelopeDoc)),
+    responses((status = 200, body = KeyView), (status = 400, body = crate::openapi::ErrorEnvelopeDoc), (status = 401, body = crate::openapi::ErrorEnvelopeDoc), (status = 404, body = crate::openapi::ErrorEnvelopeDoc)),
     security(("admin" = [])))]
 pub async fn set_limits(
     State(state): State<AppState>,
@@ -304,7 +304,7 @@ pub async fn set_limits(
 
 #[utoipa::path(get, path = "/admin/keys/{key}/usage", tag = "admin",
     params(("key" = String, Path, description = "Key id or prefix")),
-    responses((status = 200, body = KeyUsage), (status = 404, body = crate::openapi::ErrorEnvelopeDoc)),
+    responses((status = 200, body = KeyUsage), (status = 401, body = crate::openapi::ErrorEnvelopeDoc), (status = 404, body = crate::openapi::ErrorEnvelopeDoc)),
     security(("admin" = [])))]
 pub async fn usage(
     State(state): State<AppState>,

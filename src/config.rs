@@ -42,6 +42,10 @@ pub struct Config {
     /// Log format: `text` for people, `json` for machines.
     #[serde(default)]
     pub log_format: LogFormat,
+    /// Client connections: how many may be open, how long a request head and body
+    /// may take to arrive.
+    #[serde(default)]
+    pub connections: ConnectionSettings,
     #[serde(default)]
     pub upstream: UpstreamSettings,
     /// Health probing, ejection, the fleet queue and the request window.
@@ -120,6 +124,36 @@ pub enum LogFormat {
     #[default]
     Text,
     Json,
+}
+
+/// What a client connection may take: a slow or silent client must not hold a socket,
+/// a task and memory for as long as it likes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectionSettings {
+    /// Client connections open at once; a connection beyond is closed as soon as it is
+    /// accepted (counted in `/metrics`, logged).
+    #[serde(default = "default_max_open_connections")]
+    pub max_open: usize,
+    /// A request's head (start line and headers) must have arrived this long after the
+    /// connection opened or its previous response ended, else the connection is closed;
+    /// so this is also how long an idle keep-alive connection is kept (HTTP/1).
+    #[serde(default = "default_header_read_timeout_ms")]
+    pub header_read_timeout_ms: u64,
+    /// A request's body must have arrived this long after its head was read, else
+    /// 408 `request_timeout`.
+    #[serde(default = "default_body_read_timeout_ms")]
+    pub body_read_timeout_ms: u64,
+}
+
+impl Default for ConnectionSettings {
+    fn default() -> Self {
+        Self {
+            max_open: default_max_open_connections(),
+            header_read_timeout_ms: default_header_read_timeout_ms(),
+            body_read_timeout_ms: default_body_read_timeout_ms(),
+        }
+    }
 }
 
 /// How fleetgate talks to the vLLM servers.
@@ -306,6 +340,15 @@ fn default_idle_sleep_ms() -> u64 {
 fn default_shutdown_grace_ms() -> u64 {
     30_000
 }
+fn default_max_open_connections() -> usize {
+    10_000
+}
+fn default_header_read_timeout_ms() -> u64 {
+    60_000
+}
+fn default_body_read_timeout_ms() -> u64 {
+    120_000
+}
 fn default_true() -> bool {
     true
 }
@@ -439,6 +482,15 @@ impl Config {
                 }
             }
         }
+        let connections = &self.connections;
+        if connections.max_open == 0
+            || connections.header_read_timeout_ms == 0
+            || connections.body_read_timeout_ms == 0
+        {
+            return invalid(
+                "connections.max_open, header_read_timeout_ms and body_read_timeout_ms must be at least 1".into(),
+            );
+        }
         let fleet = &self.fleet;
         if fleet.probe_interval_ms == 0
             || fleet.probe_timeout_ms == 0
@@ -452,6 +504,14 @@ impl Config {
         }
         let durations = [
             ("shutdown_grace_ms", self.shutdown_grace_ms),
+            (
+                "connections.header_read_timeout_ms",
+                connections.header_read_timeout_ms,
+            ),
+            (
+                "connections.body_read_timeout_ms",
+                connections.body_read_timeout_ms,
+            ),
             ("fleet.probe_interval_ms", fleet.probe_interval_ms),
             ("fleet.probe_timeout_ms", fleet.probe_timeout_ms),
             ("fleet.eject_base_ms", fleet.eject_base_ms),

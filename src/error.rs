@@ -10,6 +10,18 @@ use crate::contract::{X_ACS_UPSTREAM_ERROR_KIND, X_SHOULD_RETRY};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
+/// How many characters of a received value an error message shows.
+const EXCERPT_MAX_CHARS: usize = 40;
+
+/// A received value as an error message shows it: at most [`EXCERPT_MAX_CHARS`]
+/// characters, then `…`. A client's megabyte of text never comes back as an error.
+pub fn excerpt(text: &str) -> String {
+    match text.char_indices().nth(EXCERPT_MAX_CHARS) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_owned(),
+    }
+}
+
 /// Seconds a client should wait before retrying a retryable upstream failure.
 const UPSTREAM_RETRY_AFTER_SECS: u32 = 1;
 
@@ -21,6 +33,7 @@ pub enum ApiError {
         message: String,
         param: Option<Cow<'static, str>>,
     },
+    /// The model the request named, as an [`excerpt`].
     #[error("The model '{0}' does not exist. GET /v1/models lists the available ids.")]
     ModelNotFound(String),
     #[error(
@@ -41,6 +54,9 @@ pub enum ApiError {
     MethodNotAllowed { method: String, path: String },
     #[error("The request body is larger than the limit of {limit} bytes.")]
     PayloadTooLarge { limit: usize },
+    /// The body did not arrive within `connections.body_read_timeout_ms`.
+    #[error("The request body did not arrive within {} ms of its headers.", .limit.as_millis())]
+    RequestTimeout { limit: Duration },
     /// The upstream answered with an error status; its own message is passed on.
     #[error("{message}")]
     UpstreamRejected {
@@ -138,6 +154,7 @@ impl ApiError {
             Self::NotFound { .. } | Self::KeyNotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::UpstreamRejected { status, .. } => *status,
             Self::RateLimited { .. } | Self::QueueFull { .. } | Self::BudgetExceeded { .. } => {
                 StatusCode::TOO_MANY_REQUESTS
@@ -161,6 +178,7 @@ impl ApiError {
             Self::KeyNotFound(_) => "key_not_found",
             Self::MethodNotAllowed { .. } => "method_not_allowed",
             Self::PayloadTooLarge { .. } => "request_too_large",
+            Self::RequestTimeout { .. } => "request_timeout",
             Self::UpstreamRejected { kind, .. } => kind,
             Self::UpstreamUnavailable(_) => "upstream_unavailable",
             Self::DeadlineInfeasible { .. } => "deadline_infeasible",

@@ -5,6 +5,7 @@ pub mod admission;
 pub mod backoff;
 pub mod completion;
 pub mod config;
+pub mod connections;
 pub mod contract;
 pub mod error;
 pub mod fleet;

@@ -82,6 +82,25 @@ impl UpstreamOutcome {
     }
 }
 
+/// Why a client connection was refused or closed before it sent a whole request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnectionRefusal {
+    /// `connections.max_open` connections were open already.
+    MaxOpen,
+    /// No complete request head within `connections.header_read_timeout_ms` (a slow
+    /// client, or an idle keep-alive connection).
+    HeaderTimeout,
+}
+
+impl ConnectionRefusal {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::MaxOpen => "max_open",
+            Self::HeaderTimeout => "header_timeout",
+        }
+    }
+}
+
 /// Why admission refused a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {
@@ -124,6 +143,8 @@ struct Inner {
     admission_running: Gauge,
     admission_queued: Gauge,
     admission_refusals: Family<ReasonLabels, Counter>,
+    open_connections: Gauge,
+    connection_refusals: Family<ReasonLabels, Counter>,
 }
 
 /// 5 ms to ~5.5 min, doubling: whole requests (long generations included).
@@ -229,6 +250,24 @@ impl Metrics {
             admission_refusals.clone(),
         );
 
+        let open_connections = Gauge::default();
+        registry.register(
+            "open_connections",
+            "Client connections open now (at most connections.max_open)",
+            open_connections.clone(),
+        );
+        let connection_refusals = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "connection_refusals",
+            "Client connections closed without a whole request: max_open (the cap was reached) or header_timeout (no complete request head in time, idle keep-alive included)",
+            connection_refusals.clone(),
+        );
+        for reason in [ConnectionRefusal::MaxOpen, ConnectionRefusal::HeaderTimeout] {
+            let _ = connection_refusals.get_or_create(&ReasonLabels {
+                reason: reason.as_str(),
+            });
+        }
+
         for model in fleet.models() {
             for upstream in model.nodes() {
                 let labels = UpstreamLabels::new(&model.id, &upstream.gpu);
@@ -252,6 +291,8 @@ impl Metrics {
             admission_running,
             admission_queued,
             admission_refusals,
+            open_connections,
+            connection_refusals,
         }))
     }
 
@@ -326,6 +367,20 @@ impl Metrics {
     /// Counts a request as queued while the guard lives.
     pub fn admission_queued(&self) -> GaugeGuard {
         GaugeGuard::new(self.0.admission_queued.clone())
+    }
+
+    /// Counts a client connection as open while the guard lives.
+    pub fn connection_open(&self) -> GaugeGuard {
+        GaugeGuard::new(self.0.open_connections.clone())
+    }
+
+    pub fn connection_refused(&self, reason: ConnectionRefusal) {
+        self.0
+            .connection_refusals
+            .get_or_create(&ReasonLabels {
+                reason: reason.as_str(),
+            })
+            .inc();
     }
 
     pub fn admission_refused(&self, reason: Refusal) {

@@ -1,12 +1,11 @@
 //! Running the gateway: logging, store, state, listener, graceful shutdown.
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
@@ -78,14 +77,9 @@ pub async fn serve(
         Some(address) => Some(serve_ops(&state, address).await?),
         None => None,
     };
+    let connections = state.config().connections.clone();
+    let metrics = state.metrics().clone();
     let router = build_router(state);
-    // Without TCP_NODELAY a streamed response's small writes (headers, then each
-    // chunk) wait on the client's delayed ACK: ~40 ms added to every request.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(err) = tcp.set_nodelay(true) {
-            tracing::warn!(error = %err, "could not set TCP_NODELAY");
-        }
-    });
     let stopping = Arc::new(Notify::new());
     let stop_accepting = {
         let stopping = Arc::clone(&stopping);
@@ -94,18 +88,13 @@ pub async fn serve(
             stopping.notify_one();
         }
     };
-    let server = axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-    )
-    .with_graceful_shutdown(stop_accepting)
-    .into_future();
+    let server = crate::connections::serve(listener, router, &connections, metrics, stop_accepting);
     // Once asked to stop: no new connections; in-flight requests get `grace` to finish.
     // Then the rest are cut: their bodies end (an error, so no client mistakes a cut
     // answer for a whole one) and their settlements run below like any other.
     tokio::pin!(server);
     tokio::select! {
-        served = &mut server => served?,
+        () = &mut server => {}
         () = async {
             stopping.notified().await;
             tokio::time::sleep(grace).await;

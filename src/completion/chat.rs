@@ -8,6 +8,7 @@ use crate::error::ApiError;
     tag = "completions",
     responses(
         (status = 400, description = "Always `chat_completions_unsupported`: these are base models with no chat template; use `POST /v1/completions`.", body = crate::openapi::ErrorEnvelopeDoc),
+        (status = 401, description = "`invalid_api_key`: missing, malformed, unknown or revoked key.", body = crate::openapi::ErrorEnvelopeDoc),
     ),
     security(("bearer" = []))
 )]

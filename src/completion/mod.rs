@@ -60,6 +60,7 @@ use settle::Settlement;
         (status = 400, description = "Invalid request: `invalid_request`, `model_not_found`, `full_vocab_prompt_too_long`, `deadline_infeasible` (a non-streaming request whose max_tokens cannot finish inside the request window; with `X-Should-Retry: false` — send stream=true), or `upstream_bad_request` (the model server rejected it, e.g. context length; with `X-Acs-Upstream-Error-Kind`).", body = crate::openapi::ErrorEnvelopeDoc,
             headers(("X-Should-Retry" = String, description = "`false` on `deadline_infeasible`."))),
         (status = 401, description = "`invalid_api_key`: missing, malformed, unknown or revoked key.", body = crate::openapi::ErrorEnvelopeDoc),
+        (status = 408, description = "`request_timeout`: the body did not arrive within `connections.body_read_timeout_ms` of its headers.", body = crate::openapi::ErrorEnvelopeDoc),
         (status = 413, description = "`request_too_large`: body over the limit. Carries `X-Should-Retry: false`.", body = crate::openapi::ErrorEnvelopeDoc,
             headers(("X-Should-Retry" = String, description = "`false`: a retry cannot succeed."))),
         (status = 429, description = "`rate_limited` (more starts per minute than the key's rate), `queue_full` (the key's running and waiting requests are at their limits) or `budget_exceeded` (the monthly token budget is used up; also `X-Should-Retry: false`). Always with `Retry-After`.", body = crate::openapi::ErrorEnvelopeDoc,
@@ -94,7 +95,9 @@ pub async fn create_completion(
     body: Body,
 ) -> Result<Response, ApiError> {
     require_json(&headers)?;
-    let bytes = read_limited(&headers, body, state.config().max_body_bytes).await?;
+    let config = state.config();
+    let body_timeout = Duration::from_millis(config.connections.body_read_timeout_ms);
+    let bytes = read_limited(&headers, body, config.max_body_bytes, body_timeout).await?;
     let request = CompletionRequest::parse(&bytes)?;
     let model = state.fleet().resolve(request.model())?;
     record.set_model(&model.id);

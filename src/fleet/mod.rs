@@ -28,7 +28,7 @@ pub use node::{InFlight, Node};
 pub use sleep::Sleep;
 
 use crate::config::Config;
-use crate::error::ApiError;
+use crate::error::{ApiError, excerpt};
 
 pub struct Fleet {
     models: Vec<Model>,
@@ -59,7 +59,7 @@ impl Fleet {
                 .models
                 .iter()
                 .find(|m| m.id == id)
-                .ok_or_else(|| ApiError::ModelNotFound(id.to_owned())),
+                .ok_or_else(|| ApiError::ModelNotFound(excerpt(id))),
         }
     }
 

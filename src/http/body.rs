@@ -1,6 +1,8 @@
 //! Reading a JSON request body: the content type is checked and the size is limited
 //! before any of it is parsed.
 
+use std::time::Duration;
+
 use axum::body::Body;
 use axum::http::{HeaderMap, header};
 use bytes::Bytes;
@@ -29,11 +31,13 @@ pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
 }
 
 /// Reads the whole body, refusing more than `limit` bytes with 413 (early, from
-/// `Content-Length`, when the client declares it).
+/// `Content-Length`, when the client declares it) and a body still incomplete after
+/// `timeout` with 408: a client trickling bytes holds a request for that long at most.
 pub async fn read_limited(
     headers: &HeaderMap,
     body: Body,
     limit: usize,
+    timeout: Duration,
 ) -> Result<Bytes, ApiError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -42,7 +46,11 @@ pub async fn read_limited(
     if declared.is_some_and(|len| len > limit as u64) {
         return Err(ApiError::PayloadTooLarge { limit });
     }
-    match Limited::new(body, limit).collect().await {
+    let read = tokio::time::timeout(timeout, Limited::new(body, limit).collect()).await;
+    let Ok(read) = read else {
+        return Err(ApiError::RequestTimeout { limit: timeout });
+    };
+    match read {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(err) if err.downcast_ref::<LengthLimitError>().is_some() => {
             Err(ApiError::PayloadTooLarge { limit })

@@ -448,6 +448,20 @@ async fn unknown_model_and_chat_are_400_with_their_codes() {
         .unwrap();
     let error = expect_error(response, 400, "model_not_found").await;
     assert_eq!(error["error"]["param"], "model");
+    // A megabyte of model name comes back as 40 characters, not as a megabyte.
+    let huge = "m".repeat(1 << 20);
+    let response = gw
+        .complete(&serde_json::json!({"model": huge, "prompt": "Hi", "max_tokens": 2}).to_string())
+        .send()
+        .await
+        .unwrap();
+    let error = expect_error(response, 400, "model_not_found").await;
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(message.len() < 200, "{} bytes", message.len());
+    assert!(
+        message.contains(&format!("'{}…'", "m".repeat(40))),
+        "{message}"
+    );
     let response = gw
         .client
         .post(format!("{}/v1/chat/completions", gw.url))

@@ -21,6 +21,7 @@ mod common;
 mod admin;
 mod admission;
 mod cold_boot;
+mod connections;
 mod deadline;
 mod faults;
 mod fleet;

@@ -86,3 +86,28 @@ fn assert_accepts(field: &str, value: Value, accepted: bool) {
         result.err()
     );
 }
+
+/// Every operation that needs a key or the admin token documents the 401 it answers
+/// without one.
+#[test]
+fn every_protected_operation_documents_its_401() {
+    let doc = generated();
+    let mut protected = 0;
+    let mut missing = Vec::new();
+    for (path, operations) in doc["paths"].as_object().unwrap() {
+        for (method, operation) in operations.as_object().unwrap() {
+            if operation["security"].as_array().is_none_or(Vec::is_empty) {
+                continue;
+            }
+            protected += 1;
+            if operation["responses"].get("401").is_none() {
+                missing.push(format!("{method} {path}"));
+            }
+        }
+    }
+    assert!(
+        protected >= 10,
+        "only {protected} protected operations found"
+    );
+    assert!(missing.is_empty(), "no 401 documented: {missing:?}");
+}

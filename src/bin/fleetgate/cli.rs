@@ -151,18 +151,36 @@ pub async fn list_keys(
             r.id,
             r.prefix,
             state,
-            r.name,
+            printable(&r.name),
             marked(eff.monthly_budget, own.monthly_budget.is_some()),
             marked(eff.requests_per_minute, own.requests_per_minute.is_some()),
             marked(eff.max_concurrent, own.max_concurrent.is_some()),
             marked(eff.max_queued, own.max_queued.is_some()),
-            r.email.as_deref().unwrap_or("-")
+            printable(r.email.as_deref().unwrap_or("-"))
         ));
     }
     if any_own {
         out.push_str("\n* the key's own limit; the others are the configured defaults");
     }
     Ok(out)
+}
+
+/// `text` for a terminal: control characters (escape sequences included) shown as
+/// escapes, so a key's name or email cannot drive the terminal of whoever lists keys.
+fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return text.into();
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
 }
 
 pub async fn revoke_key(
@@ -527,6 +545,28 @@ mod tests {
         let alice = out.lines().find(|l| l.contains("alice")).unwrap();
         assert!(alice.contains("500*") && alice.contains(" 600 "), "{out}");
         assert!(out.contains("* the key's own limit"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn key_names_cannot_send_escape_sequences_to_the_terminal() {
+        let store = fleetgate::store::connect("sqlite::memory:").await.unwrap();
+        let store = store.as_ref();
+        let defaults = defaults();
+        let name = "evil\u{1b}]0;pwned\u{7}\u{1b}[2J\r";
+        create_key(
+            store,
+            &defaults,
+            name,
+            Some("x\u{1b}[31m@y"),
+            &NewLimits::default(),
+            false,
+        )
+        .await
+        .unwrap();
+        let out = list_keys(store, &defaults, false).await.unwrap();
+        assert!(!out.contains(['\u{1b}', '\u{7}', '\r']), "{out:?}");
+        assert!(out.contains(r"evil\u{1b}]0;pwned\u{7}\u{1b}[2J\r"), "{out}");
+        assert!(out.contains(r"x\u{1b}[31m@y"), "{out}");
     }
 
     #[test]

@@ -272,11 +272,21 @@ pub(super) fn boolean(param: &'static str, raw: &RawValue) -> Result<bool, ApiEr
 pub(super) fn string(field: Field, raw: &RawValue) -> Result<String, ApiError> {
     let name = field.name();
     raw::string(raw).ok_or_else(|| {
-        ApiError::invalid_param(
-            name,
-            format!("{name} must be a string (got {})", raw::render(raw)),
-        )
+        let message = if raw::kind(raw) == Kind::String {
+            not_unicode(name)
+        } else {
+            format!("{name} must be a string (got {})", raw::render(raw))
+        };
+        ApiError::invalid_param(name, message)
     })
+}
+
+/// The message for a JSON string that does not decode: only a lone UTF-16 surrogate
+/// escape gets past the JSON parser so far.
+fn not_unicode(name: &str) -> String {
+    format!(
+        "{name} must be valid Unicode text (a lone UTF-16 surrogate escape like \\ud800 is not)"
+    )
 }
 
 /// `model`: a non-empty string.
@@ -294,15 +304,19 @@ pub(super) fn model(raw: &RawValue) -> Result<String, ApiError> {
 /// The most entries `stop` may have.
 pub(super) const MAX_STOP_ENTRIES: usize = 4;
 
-/// `stop`: a non-empty string, or an array of at most four non-empty strings.
+/// `stop`: a non-empty string, or an array of at most four non-empty strings. Each is
+/// decoded here, so one vLLM could not read (a lone UTF-16 surrogate escape such as
+/// `"\ud800"`) is refused before it is sent.
 pub(super) fn stop(raw: &RawValue) -> Result<(), ApiError> {
     let err = |message: String| ApiError::invalid_param("stop", message);
     let empty = || err("stop must not contain an empty string".to_owned());
+    let text = |item: &RawValue, name: &str| match raw::string(item) {
+        Some(text) if text.is_empty() => Err(empty()),
+        Some(_) => Ok(()),
+        None => Err(err(not_unicode(name))),
+    };
     match raw::kind(raw) {
-        Kind::String => match raw.get() {
-            "\"\"" => Err(empty()),
-            _ => Ok(()),
-        },
+        Kind::String => text(raw, "stop"),
         Kind::Array => {
             let items = raw::array(raw).unwrap_or_default();
             if items.len() > MAX_STOP_ENTRIES {
@@ -313,8 +327,7 @@ pub(super) fn stop(raw: &RawValue) -> Result<(), ApiError> {
             }
             for (i, item) in items.iter().enumerate() {
                 match raw::kind(item) {
-                    Kind::String if item.get() == "\"\"" => return Err(empty()),
-                    Kind::String => {}
+                    Kind::String => text(item, &format!("stop[{i}]"))?,
                     _ => {
                         return Err(err(format!(
                             "stop[{i}] must be a string (got {})",

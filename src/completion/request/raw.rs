@@ -8,10 +8,7 @@ use std::fmt;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
-use crate::error::ApiError;
-
-/// How many characters of a received string (or number) an error message shows.
-const RENDER_MAX_CHARS: usize = 40;
+use crate::error::{ApiError, excerpt};
 
 /// The entries of a JSON object in document order, keys decoded, values left as raw text.
 /// Duplicate keys are kept (the caller decides what they mean).
@@ -127,22 +124,15 @@ pub(super) fn render(raw: &RawValue) -> String {
     let text = raw.get();
     match kind(raw) {
         Kind::Null | Kind::Bool => text.to_owned(),
-        Kind::Number => truncate(text),
+        Kind::Number => excerpt(text),
         Kind::String => {
             let decoded: String = serde_json::from_str(text).unwrap_or_default();
-            let shown = truncate(&decoded);
+            let shown = excerpt(&decoded);
             // Re-quote with JSON escaping so control characters stay visible.
             serde_json::Value::String(shown).to_string()
         }
         Kind::Array => "an array".to_owned(),
         Kind::Object => "an object".to_owned(),
-    }
-}
-
-fn truncate(text: &str) -> String {
-    match text.char_indices().nth(RENDER_MAX_CHARS) {
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-        None => text.to_owned(),
     }
 }
 

@@ -271,6 +271,10 @@ fn model_and_user() {
             r#"{"prompt":"hi","user":{"id":1}}"#,
             rej("user", "user must be a string (got an object)"),
         ),
+        (
+            r#"{"prompt":"hi","user":"\ud800"}"#,
+            rej("user", "user must be valid Unicode text"),
+        ),
     ]);
 }
 
@@ -987,6 +991,16 @@ fn stop() {
             rej("stop", "(got an object)"),
         ),
         (r#"{"prompt":"hi","stop":true}"#, rej("stop", "(got true)")),
+        // Strings vLLM could not decode are refused here, not passed on.
+        (
+            r#"{"prompt":"hi","stop":"\ud800"}"#,
+            rej("stop", "stop must be valid Unicode text"),
+        ),
+        (
+            r#"{"prompt":"hi","stop":["a","x\udfff"]}"#,
+            rej("stop", "stop[1] must be valid Unicode text"),
+        ),
+        (r#"{"prompt":"hi","stop":["\ud83d\ude00"]}"#, ok()),
     ]);
 }
 
