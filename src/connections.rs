@@ -50,12 +50,12 @@ pub async fn serve(
     metrics: Metrics,
     stop: impl Future<Output = ()>,
 ) {
-    let header_read_timeout_ms = settings.header_read_timeout_ms;
+    let head_due = Duration::from_millis(settings.header_read_timeout_ms);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_millis(header_read_timeout_ms));
+        .header_read_timeout(head_due);
     let slots = Arc::new(Semaphore::new(settings.max_open));
     let graceful = GracefulShutdown::new();
     let refusals = Arc::new(RefusalLog::default());
@@ -93,12 +93,13 @@ pub async fn serve(
             router.clone(),
             ConnectInfo::<SocketAddr>(remote),
         ));
-        let head_due = Duration::from_millis(header_read_timeout_ms);
         let connection = builder
             .serve_connection(TokioIo::new(FirstBytesDue::new(tcp, head_due)), service)
             .into_owned();
         let connection = graceful.watch(connection);
         let (metrics, refusals) = (metrics.clone(), Arc::clone(&refusals));
+        // Not a tracked task: `graceful` watches the connection, and shutdown waits
+        // for it below.
         tokio::spawn(async move {
             let _open = metrics.connection_open();
             if let Err(err) = connection.await {
