@@ -252,6 +252,23 @@ fn unknown_config_keys_stop_the_start_with_their_name() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("listen_port"));
 }
 
+/// On a busy address the demo says which one, and how to pick another.
+#[test]
+fn the_demo_on_a_busy_port_names_the_address_and_the_flag() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = busy.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(FLEETGATE)
+        .args(["demo", "--listen", &address, "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains(&address), "{stderr}");
+    assert!(stderr.contains("--listen"), "{stderr}");
+}
+
 #[tokio::test]
 async fn the_demo_serves_its_printed_curl_line() {
     let dir = tempfile::tempdir().unwrap();

@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::path::Path;
 
+use anyhow::Context;
 use tokio::net::TcpListener;
 
 use fleetgate::config::Config;
@@ -38,7 +39,9 @@ gpu = "demo-gpu-0"
         upstream = mock.url(),
     ))?;
     server::init_logging(config.log_format);
-    let listener = TcpListener::bind(config.listen).await?;
+    let listener = TcpListener::bind(config.listen).await.with_context(|| {
+        format!("cannot listen on {listen}; pick another address with --listen (e.g. --listen 127.0.0.1:8081)")
+    })?;
     let address = listener.local_addr()?;
     let state = server::prepare(config).await?;
     let key = fleetgate::keys::generate();

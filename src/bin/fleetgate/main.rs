@@ -32,6 +32,7 @@ enum Command {
     },
     /// Run the gateway on embedded defaults, in front of a simulated vLLM, with a demo key.
     Demo {
+        /// Address to serve on.
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
         /// Where the SQLite store is kept.
