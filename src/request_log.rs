@@ -189,10 +189,10 @@ impl RequestLog {
     pub async fn close(self) -> RequestLogStats {
         self.shared.stop.cancel();
         let mut writer = self.shared.writer.lock().await;
-        if let Some(handle) = writer.take() {
-            if let Err(err) = handle.await {
-                tracing::error!(error = %err, "request log writer failed");
-            }
+        if let Some(handle) = writer.take()
+            && let Err(err) = handle.await
+        {
+            tracing::error!(error = %err, "request log writer failed");
         }
         drop(writer);
         self.stats()

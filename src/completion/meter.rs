@@ -146,11 +146,11 @@ impl SseMeter {
         let Ok(chunk) = serde_json::from_slice::<Chunk>(data) else {
             return true;
         };
-        if chunk.choices.is_empty() {
-            if let Some(usage) = chunk.usage {
-                self.usage = Some(usage);
-                return false;
-            }
+        if chunk.choices.is_empty()
+            && let Some(usage) = chunk.usage
+        {
+            self.usage = Some(usage);
+            return false;
         }
         for choice in &chunk.choices {
             let seen = self.generated.entry(choice.index).or_default();
