@@ -58,7 +58,7 @@ pub async fn serve(
         .header_read_timeout(head_due);
     let slots = Arc::new(Semaphore::new(settings.max_open));
     let graceful = GracefulShutdown::new();
-    let refusals = Arc::new(RefusalLog::default());
+    let refusals = Arc::new(Refusals::new(metrics.clone()));
     let mut log_refusals = tokio::time::interval(REFUSAL_LOG_EVERY);
     tokio::pin!(stop);
     loop {
@@ -80,8 +80,7 @@ pub async fn serve(
         };
         let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
             drop(tcp);
-            metrics.connection_refused(ConnectionRefusal::MaxOpen);
-            refusals.max_open.fetch_add(1, Ordering::Relaxed);
+            refusals.note(ConnectionRefusal::MaxOpen);
             continue;
         };
         // Without TCP_NODELAY a streamed response's small writes (headers, then each
@@ -104,8 +103,7 @@ pub async fn serve(
             let _open = metrics.connection_open();
             if let Err(err) = connection.await {
                 if is_header_timeout(err.as_ref()) {
-                    metrics.connection_refused(ConnectionRefusal::HeaderTimeout);
-                    refusals.header_timeout.fetch_add(1, Ordering::Relaxed);
+                    refusals.note(ConnectionRefusal::HeaderTimeout);
                 } else {
                     tracing::debug!(error = %err, "client connection ended with an error");
                 }
@@ -208,14 +206,32 @@ impl AsyncWrite for FirstBytesDue {
     }
 }
 
-/// Refusals since the last log line.
-#[derive(Default)]
-struct RefusalLog {
+/// Refused connections: counted in `/metrics` at once, and in the log as the counts
+/// since the last line.
+struct Refusals {
+    metrics: Metrics,
     max_open: AtomicU64,
     header_timeout: AtomicU64,
 }
 
-impl RefusalLog {
+impl Refusals {
+    fn new(metrics: Metrics) -> Self {
+        Self {
+            metrics,
+            max_open: AtomicU64::new(0),
+            header_timeout: AtomicU64::new(0),
+        }
+    }
+
+    fn note(&self, refusal: ConnectionRefusal) {
+        self.metrics.connection_refused(refusal);
+        match refusal {
+            ConnectionRefusal::MaxOpen => &self.max_open,
+            ConnectionRefusal::HeaderTimeout => &self.header_timeout,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+    }
+
     /// One line with the counts since the last one, if there were any.
     fn log(&self) {
         let max_open = self.max_open.swap(0, Ordering::Relaxed);
