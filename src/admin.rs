@@ -203,6 +203,13 @@ fn key_service(state: &AppState) -> KeyService<'_> {
     KeyService::new(state.store(), &state.config().limits)
 }
 
+/// A key change takes effect on this server before it is answered: the key table
+/// pulls it now (its follow loop would within [`crate::keys::FOLLOW_EVERY`], which is
+/// what happens if this pull fails; the failure is logged there).
+async fn apply_now(state: &AppState) {
+    let _ = state.keys().pull().await;
+}
+
 /// The key service's refusals as the API answers them: a bad value is the client's
 /// (400, naming the field), an unknown key 404; a failing store is ours (500, logged).
 fn api_error(err: KeyError) -> ApiError {
@@ -235,6 +242,7 @@ pub async fn create_key(
         .create(&new.name, new.email.as_deref(), &limits)
         .await
         .map_err(api_error)?;
+    apply_now(&state).await;
     Ok((
         StatusCode::CREATED,
         Json(CreatedKey {
@@ -278,6 +286,7 @@ pub async fn revoke_key(
 ) -> Result<Json<KeyView>, ApiError> {
     let keys = key_service(&state);
     let record = keys.revoke(&key).await.map_err(api_error)?;
+    apply_now(&state).await;
     Ok(Json(KeyView::new(&keys, &record)))
 }
 
@@ -299,6 +308,7 @@ pub async fn set_limits(
     };
     let keys = key_service(&state);
     let record = keys.set_limits(&key, &limits).await.map_err(api_error)?;
+    apply_now(&state).await;
     Ok(Json(KeyView::new(&keys, &record)))
 }
 

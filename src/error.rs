@@ -109,6 +109,12 @@ pub enum ApiError {
     /// than run unmetered.
     #[error("Admission control is unavailable right now, so no request can start. Retry shortly.")]
     AdmissionUnavailable,
+    /// The store is needed to answer (a key not in memory, or usage waiting to be
+    /// recorded past the buffer's bound) and cannot be reached.
+    #[error(
+        "The key store cannot be reached right now, so this request cannot be checked or metered. Retry shortly."
+    )]
+    StoreUnavailable,
     /// Something on our side failed; the details go to the log, not to the client.
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
@@ -159,7 +165,7 @@ impl ApiError {
             Self::RateLimited { .. } | Self::QueueFull { .. } | Self::BudgetExceeded { .. } => {
                 StatusCode::TOO_MANY_REQUESTS
             }
-            Self::AdmissionUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Self::AdmissionUnavailable | Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::UpstreamUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::UpstreamDeadline { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -187,6 +193,7 @@ impl ApiError {
             Self::QueueFull { .. } => "queue_full",
             Self::BudgetExceeded { .. } => "budget_exceeded",
             Self::AdmissionUnavailable => "admission_unavailable",
+            Self::StoreUnavailable => "store_unavailable",
             Self::Internal(_) => "internal_error",
         }
     }
@@ -272,7 +279,7 @@ impl IntoResponse for ApiError {
                 );
                 headers.insert(X_SHOULD_RETRY, HeaderValue::from_static("false"));
             }
-            Self::AdmissionUnavailable => {
+            Self::AdmissionUnavailable | Self::StoreUnavailable => {
                 headers.insert(http::header::RETRY_AFTER, UPSTREAM_RETRY_AFTER_SECS.into());
             }
             _ => {}

@@ -48,6 +48,7 @@ pub struct Capabilities {
     responses(
         (status = 200, description = "The models of this deployment.", body = ModelList),
         (status = 401, description = "`invalid_api_key`.", body = crate::openapi::ErrorEnvelopeDoc),
+        (status = 503, description = "`store_unavailable`: the key is not among the keys this server holds in memory and the store cannot be reached to look it up. Carries `Retry-After`.", body = crate::openapi::ErrorEnvelopeDoc),
     ),
     security(("bearer" = []))
 )]

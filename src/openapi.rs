@@ -168,7 +168,7 @@ pub struct ErrorEnvelopeDoc {
 #[derive(ToSchema)]
 #[schema(as = Error)]
 pub struct ErrorDoc {
-    /// Machine-readable code: `invalid_request`, `model_not_found`, `chat_completions_unsupported`, `full_vocab_prompt_too_long`, `invalid_api_key`, `not_found`, `method_not_allowed`, `request_timeout`, `request_too_large`, `rate_limited`, `queue_full`, `budget_exceeded`, `admission_unavailable`, `key_not_found` (admin), `upstream_bad_request`, `upstream_error`, `upstream_unavailable`, `internal_error`.
+    /// Machine-readable code: `invalid_request`, `model_not_found`, `chat_completions_unsupported`, `full_vocab_prompt_too_long`, `invalid_api_key`, `not_found`, `method_not_allowed`, `request_timeout`, `request_too_large`, `rate_limited`, `queue_full`, `budget_exceeded`, `admission_unavailable`, `store_unavailable`, `key_not_found` (admin), `upstream_bad_request`, `upstream_error`, `upstream_unavailable`, `internal_error`.
     code: String,
     message: String,
     /// `invalid_request_error`, `authentication_error`, `rate_limit_error` or `server_error`.

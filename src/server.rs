@@ -16,6 +16,7 @@ use crate::admission::unlimited::Unlimited;
 use crate::admission::{Limiter, UsageSource};
 
 use crate::config::{Config, LogFormat};
+use crate::keys::KeyTable;
 use crate::router::build_router;
 use crate::state::AppState;
 
@@ -51,7 +52,10 @@ pub async fn prepare(config: Config) -> anyhow::Result<AppState> {
         )?),
         None => Arc::new(LocalLimiter::new(ledger)),
     };
-    AppState::new(config, store, limiter)
+    let keys = KeyTable::load(Arc::clone(&store))
+        .await
+        .context("reading the API keys")?;
+    AppState::new(config, store, keys, limiter)
 }
 
 /// After the grace period, how long the cut connections get to close.
@@ -69,6 +73,8 @@ pub async fn serve(
     probes.discover().await;
     let prober = tokio::spawn(probes.clone().run());
     let keep_warm = tokio::spawn(probes.keep_warm());
+    let stop_following = tokio_util::sync::CancellationToken::new();
+    let keys = tokio::spawn(Arc::clone(state.keys()).follow(stop_following.clone()));
     let grace = Duration::from_millis(state.config().shutdown_grace_ms);
     let tasks = state.tasks().clone();
     let draining = state.draining().clone();
@@ -108,6 +114,8 @@ pub async fn serve(
     }
     prober.abort();
     keep_warm.abort();
+    stop_following.cancel();
+    let _ = keys.await;
     if let Some(ops) = ops {
         ops.abort();
     }

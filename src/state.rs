@@ -11,6 +11,7 @@ use crate::admission::Limiter;
 use crate::config::Config;
 use crate::fleet::Fleet;
 use crate::fleet::prober::Prober;
+use crate::keys::KeyTable;
 use crate::metrics::Metrics;
 use crate::request_log::RequestLog;
 use crate::store::Store;
@@ -30,8 +31,10 @@ struct Inner {
     /// Work that must finish even when its request is gone (settling, leaving a queue);
     /// waited for on shutdown.
     tasks: TaskTracker,
-    /// Keys (and later usage): SQLite or PostgreSQL.
+    /// Keys, the usage ledger, the request log: SQLite or PostgreSQL.
     store: Arc<dyn Store>,
+    /// Every key in memory, following the store's change feed.
+    keys: Arc<KeyTable>,
     /// Models and their nodes.
     fleet: Arc<Fleet>,
     /// The pooled HTTP client for all upstreams.
@@ -44,6 +47,7 @@ impl AppState {
     pub fn new(
         config: Config,
         store: Arc<dyn Store>,
+        keys: Arc<KeyTable>,
         limiter: Arc<dyn Limiter>,
     ) -> anyhow::Result<Self> {
         let upstream = UpstreamClient::new(&config.upstream)?;
@@ -56,6 +60,7 @@ impl AppState {
             request_log: RequestLog::start(Arc::clone(&store)),
             tasks: TaskTracker::new(),
             store,
+            keys,
             fleet,
             upstream,
             metrics,
@@ -67,6 +72,10 @@ impl AppState {
     }
     pub fn store(&self) -> &dyn Store {
         self.0.store.as_ref()
+    }
+    /// The keys requests authenticate against.
+    pub fn keys(&self) -> &Arc<KeyTable> {
+        &self.0.keys
     }
     pub fn fleet(&self) -> &Fleet {
         &self.0.fleet

@@ -41,7 +41,7 @@ pub struct KeyUsage {
     responses(
         (status = 200, description = "The calling key's budget, usage and limits for the current month.", body = KeyUsage),
         (status = 401, description = "`invalid_api_key`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 503, description = "`admission_unavailable`: the live counters cannot be read.", body = crate::openapi::ErrorEnvelopeDoc),
+        (status = 503, description = "`admission_unavailable`: the live counters cannot be read; or `store_unavailable`: the key is not among the keys this server holds in memory and the store cannot be reached to look it up. Both carry `Retry-After`.", body = crate::openapi::ErrorEnvelopeDoc),
     ),
     security(("bearer" = []))
 )]
@@ -49,8 +49,9 @@ pub async fn own_usage(
     axum::extract::State(state): axum::extract::State<AppState>,
     axum::Extension(caller): axum::Extension<Caller>,
 ) -> Result<axum::Json<KeyUsage>, ApiError> {
-    let limits = KeyLimits::resolve(&state.config().limits, &caller.limits);
-    key_usage(&state, caller.key_id, &caller.key_prefix, &limits)
+    let key = &caller.0;
+    let limits = KeyLimits::resolve(&state.config().limits, &key.limits);
+    key_usage(&state, key.id, &key.prefix, &limits)
         .await
         .map(axum::Json)
 }

@@ -395,6 +395,41 @@ fn parse_clamp(value: &str) -> (u64, u64, String, String) {
 // Tests
 // ---------------------------------------------------------------------------------------
 
+/// A key changed from outside (the CLI, over the shared PostgreSQL database) reaches
+/// both replicas' key tables within 1 s: a budget cut to one token refuses the next
+/// request on each, a revocation answers 401 on each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL and Redis (set TEST_POSTGRES_URL, TEST_REDIS_URL)"]
+async fn key_changes_reach_both_replicas_within_a_second() {
+    let cluster = Cluster::start("keyfeed", 0, &[]).await;
+    let api = &cluster.api;
+    let body = json!({"model": MODEL, "prompt": "Hi", "max_tokens": 2});
+    for url in &cluster.urls {
+        assert_eq!(api.complete_within(ANSWER, url, &body).await.status(), 200);
+    }
+    let prefix = &api.key[..12];
+    for (change, status) in [
+        (&["keys", "set", prefix, "--monthly-budget", "1"][..], 429),
+        (&["keys", "revoke", prefix][..], 401),
+    ] {
+        fleetgate(&cluster.config, change);
+        let changed = Instant::now();
+        for url in &cluster.urls {
+            loop {
+                let answer = api.complete_within(ANSWER, url, &body).await.status();
+                if answer == status {
+                    break;
+                }
+                assert!(
+                    changed.elapsed() < Duration::from_secs(1),
+                    "{change:?}: {url} still answers {answer} after 1 s"
+                );
+                tokio::time::sleep(POLL).await;
+            }
+        }
+    }
+}
+
 /// Two replicas hold one queue: two streams running through A fill the key's slots, a
 /// third through B waits (both replicas see running 2, queued 1), a fourth through either
 /// is refused `queue_full`; when the first stream ends, B's waiter starts.

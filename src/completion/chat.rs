@@ -9,6 +9,7 @@ use crate::error::ApiError;
     responses(
         (status = 400, description = "Always `chat_completions_unsupported`: these are base models with no chat template; use `POST /v1/completions`.", body = crate::openapi::ErrorEnvelopeDoc),
         (status = 401, description = "`invalid_api_key`: missing, malformed, unknown or revoked key.", body = crate::openapi::ErrorEnvelopeDoc),
+        (status = 503, description = "`store_unavailable`: the key is not among the keys this server holds in memory and the store cannot be reached to look it up. Carries `Retry-After`.", body = crate::openapi::ErrorEnvelopeDoc),
     ),
     security(("bearer" = []))
 )]

@@ -73,7 +73,7 @@ use settle::Settlement;
                 ("Retry-After" = u32, description = "Seconds to wait before retrying."),
                 ("X-Acs-Upstream-Error-Kind" = String, description = "Mirrors `error.code`."),
             )),
-        (status = 503, description = "`upstream_unavailable`: no node of the model is up or reachable, a sleeping model could not be woken, or every node is at capacity and the fleet queue is full or timed out (with `X-Acs-Upstream-Error-Kind`); or `admission_unavailable`: the shared limit counters cannot be reached, so nothing may start. Both carry `Retry-After`.", body = crate::openapi::ErrorEnvelopeDoc,
+        (status = 503, description = "`upstream_unavailable`: no node of the model is up or reachable, a sleeping model could not be woken, or every node is at capacity and the fleet queue is full or timed out (with `X-Acs-Upstream-Error-Kind`); or `admission_unavailable`: the shared limit counters cannot be reached, so nothing may start; or `store_unavailable`: the key is not among the keys this server holds in memory and the store cannot be reached to look it up. All carry `Retry-After`.", body = crate::openapi::ErrorEnvelopeDoc,
             headers(
                 ("Retry-After" = u32, description = "Seconds to wait before retrying."),
                 ("X-Acs-Upstream-Error-Kind" = String, description = "Mirrors `error.code`."),
@@ -232,11 +232,12 @@ async fn forward(
             Err(PlanError::NodeLost) => return Err(dispatch::stopped_answering()),
         }
     };
-    let limits = KeyLimits::resolve(&state.config().limits, &caller.limits);
-    let grant = admit::admit(state, caller.key_id, &limits, &plan.cost, request_id).await?;
+    let key = &caller.0;
+    let limits = KeyLimits::resolve(&state.config().limits, &key.limits);
+    let grant = admit::admit(state, key.id, &limits, &plan.cost, request_id).await?;
     let settlement = Settlement::new(
         state.clone(),
-        caller.key_id,
+        key.id,
         request_id.to_owned(),
         grant,
         plan.cost.prompt_tokens,

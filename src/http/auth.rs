@@ -1,6 +1,9 @@
 //! Bearer-key authentication for the `/v1` routes. The key is looked up by its visible
-//! prefix and its hash compared in constant time. Keys are read from the store on every
-//! request, so a revocation (from the CLI or another replica) takes effect at once.
+//! prefix in the in-memory key table and its hash compared in constant time; the table
+//! follows the store's change feed, so a revocation takes effect at once on the process
+//! that made it and within [`crate::keys::FOLLOW_EVERY`] on every other one.
+
+use std::sync::Arc;
 
 use axum::extract::{Request, State};
 use axum::http::header;
@@ -11,17 +14,13 @@ use crate::error::ApiError;
 use crate::http::request_record::RequestRecord;
 use crate::keys;
 use crate::state::AppState;
-use crate::store::LimitOverrides;
+use crate::store::KeyRecord;
 
-/// The authenticated caller, available to handlers as an extension.
+/// The authenticated caller, available to handlers as an extension: its key's record
+/// (id, prefix, e-mail, its own limits over the configured defaults) as the key table
+/// had it when the request arrived.
 #[derive(Debug, Clone)]
-pub struct Caller {
-    pub key_id: i64,
-    pub key_prefix: String,
-    pub email: Option<String>,
-    /// The key's own limits over the configured defaults.
-    pub limits: LimitOverrides,
-}
+pub struct Caller(pub Arc<KeyRecord>);
 
 pub async fn require_key(
     State(state): State<AppState>,
@@ -29,9 +28,10 @@ pub async fn require_key(
     next: Next,
 ) -> Result<Response, ApiError> {
     let caller = authenticate(&state, request.headers()).await?;
-    tracing::Span::current().record("key_prefix", caller.key_prefix.as_str());
+    let key = &caller.0;
+    tracing::Span::current().record("key_prefix", key.prefix.as_str());
     if let Some(record) = request.extensions().get::<RequestRecord>() {
-        record.set_caller(caller.key_id, &caller.key_prefix, caller.email.as_deref());
+        record.set_caller(key.id, &key.prefix, key.email.as_deref());
     }
     request.extensions_mut().insert(caller);
     Ok(next.run(request).await)
@@ -63,21 +63,16 @@ async fn authenticate(state: &AppState, headers: &http::HeaderMap) -> Result<Cal
         return Err(invalid);
     };
     let record = state
-        .store()
-        .key_by_prefix(prefix)
+        .keys()
+        .find(prefix)
         .await
-        .map_err(ApiError::internal)?;
+        .map_err(|_| ApiError::StoreUnavailable)?;
     match record {
         Some(record) if keys::verify(&record.hash, &hash) => {
             if !record.is_active() {
                 return Err(ApiError::Unauthorized("This API key has been revoked."));
             }
-            Ok(Caller {
-                key_id: record.id,
-                key_prefix: record.prefix,
-                email: record.email,
-                limits: record.limits,
-            })
+            Ok(Caller(record))
         }
         _ => Err(invalid),
     }

@@ -39,7 +39,7 @@ mod sqlite;
 
 pub use postgres::PostgresStore;
 pub use records::{
-    KeyRecord, LimitOverrides, LimitUpdate, RequestLogRow, Store, StoreError, UsageRow,
+    KeyChange, KeyRecord, LimitOverrides, LimitUpdate, RequestLogRow, Store, StoreError, UsageRow,
 };
 pub use sqlite::SqliteStore;
 

@@ -11,7 +11,7 @@ use super::columns::{
     now_unix,
 };
 use super::records::{
-    KeyRecord, LimitOverrides, LimitUpdate, RequestLogRow, Store, StoreError, UsageRow,
+    KeyChange, KeyRecord, LimitOverrides, LimitUpdate, RequestLogRow, Store, StoreError, UsageRow,
 };
 use crate::keys::NewKey;
 

@@ -24,6 +24,15 @@ pub struct KeyRecord {
     pub limits: LimitOverrides,
 }
 
+/// A key as the change feed gives it: its record and the number of its latest change.
+/// Numbers grow in commit order, so a reader that has seen `seq` has seen every change
+/// numbered below it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyChange {
+    pub record: KeyRecord,
+    pub seq: i64,
+}
+
 /// A key's own limits; `None` means the configured default applies.
 ///
 /// Stored values are bounded as [`crate::keys::Limit`] says: `requests_per_minute` and
@@ -120,13 +129,14 @@ pub trait Store: Send + Sync + 'static {
         limits: &LimitOverrides,
     ) -> Result<KeyRecord, StoreError>;
 
-    /// The key with this prefix, revoked or not. The per-request path: one lookup on the
-    /// unique index.
-    async fn key_by_prefix(&self, prefix: &str) -> Result<Option<KeyRecord>, StoreError>;
-
     /// `id_or_prefix`: a decimal id, or a key prefix. The key, revoked or not; None if no
     /// such key.
     async fn key(&self, id_or_prefix: &str) -> Result<Option<KeyRecord>, StoreError>;
+
+    /// Every key (revoked ones included) created or changed after change number
+    /// `since`, in change order; `since = 0`: all keys. What a server's key table reads
+    /// at start and then polls; one range scan on an index.
+    async fn keys_changed_since(&self, since: i64) -> Result<Vec<KeyChange>, StoreError>;
 
     /// All keys, revoked ones included, oldest first.
     async fn list_keys(&self) -> Result<Vec<KeyRecord>, StoreError>;
@@ -178,6 +188,10 @@ pub enum StoreError {
     UnsupportedUrl(String),
     #[error("invalid database URL: {0}")]
     InvalidUrl(String),
+    /// The store could not be reached when it was needed (its own error was logged
+    /// where it happened).
+    #[error("the store cannot be reached")]
+    Unavailable,
     /// A key with this prefix already exists.
     #[error("a key with prefix {0} already exists")]
     Duplicate(String),

@@ -44,20 +44,6 @@ macro_rules! impl_store {
                 .map_err(|e| insert_error(e, &key.prefix))
             }
 
-            async fn key_by_prefix(
-                &self,
-                prefix: &str,
-            ) -> Result<Option<KeyRecord>, StoreError> {
-                Ok(sqlx::query_as(concat!(
-                    "SELECT ",
-                    key_columns!(),
-                    " FROM api_keys WHERE prefix = $1"
-                ))
-                .bind(prefix)
-                .fetch_optional(&self.pool)
-                .await?)
-            }
-
             async fn key(&self, id_or_prefix: &str) -> Result<Option<KeyRecord>, StoreError> {
                 let Some((id, prefix)) = KeySelector::parse(id_or_prefix).binds() else {
                     return Ok(None);
@@ -70,6 +56,20 @@ macro_rules! impl_store {
                 .bind(id)
                 .bind(prefix)
                 .fetch_optional(&self.pool)
+                .await?)
+            }
+
+            async fn keys_changed_since(
+                &self,
+                since: i64,
+            ) -> Result<Vec<KeyChange>, StoreError> {
+                Ok(sqlx::query_as(concat!(
+                    "SELECT ",
+                    key_columns!(),
+                    ", change_seq FROM api_keys WHERE change_seq > $1 ORDER BY change_seq"
+                ))
+                .bind(since)
+                .fetch_all(&self.pool)
                 .await?)
             }
 

@@ -206,7 +206,10 @@ async fn state(toml: &str) -> (AppState, Arc<LocalLimiter>, String) {
         .await
         .unwrap();
     let limiter = Arc::new(LocalLimiter::new(Arc::new(LedgerUsage(Arc::clone(&store)))));
-    let state = AppState::new(config, store, limiter.clone()).unwrap();
+    let keys = fleetgate::keys::KeyTable::load(Arc::clone(&store))
+        .await
+        .unwrap();
+    let state = AppState::new(config, store, keys, limiter.clone()).unwrap();
     let key = fleetgate::keys::generate();
     state
         .store()

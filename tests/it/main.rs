@@ -27,6 +27,7 @@ mod faults;
 mod fleet;
 mod gateway;
 mod health;
+mod keys;
 mod limiter;
 mod metadata_log;
 mod metrics;

@@ -14,8 +14,8 @@ use crate::common::postgres::{FreshDatabase, with_database};
 use fleetgate::keys::{self, NewKey};
 use fleetgate::request_log::{RequestLog, RequestLogConfig, RequestLogStats};
 use fleetgate::store::{
-    self, KeyRecord, LimitOverrides, LimitUpdate, RequestLogRow, SqliteStore, Store, StoreError,
-    UsageRow,
+    self, KeyChange, KeyRecord, LimitOverrides, LimitUpdate, RequestLogRow, SqliteStore, Store,
+    StoreError, UsageRow,
 };
 
 /// No overrides: every limit is the configured default.
@@ -31,7 +31,7 @@ const DEFAULTS: &LimitOverrides = &LimitOverrides {
 // ---------------------------------------------------------------------------------------
 
 /// A fresh, empty database for one test; removed when dropped (also when the test fails).
-struct TestDb {
+pub(crate) struct TestDb {
     url: String,
     _dir: Option<tempfile::TempDir>,
     _database: Option<FreshDatabase>,
@@ -39,7 +39,7 @@ struct TestDb {
 
 impl TestDb {
     /// A SQLite file in a temp dir, under parent directories that do not exist yet.
-    fn sqlite() -> Self {
+    pub(crate) fn sqlite() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("nested").join("dirs").join("fleetgate.db");
         Self {
@@ -59,7 +59,7 @@ impl TestDb {
         }
     }
 
-    async fn store(&self) -> Arc<dyn Store> {
+    pub(crate) async fn store(&self) -> Arc<dyn Store> {
         store::connect(&self.url).await.unwrap()
     }
 }
@@ -117,6 +117,7 @@ backend_tests! {
         revoke_unknown_is_none,
         duplicate_prefix_is_refused,
         ping,
+        key_feed_numbers_every_change_in_order,
         create_with_limits,
         set_and_clear_limits,
         invalid_limits_are_refused,
@@ -180,9 +181,9 @@ async fn create_lookup_verify(store: Arc<dyn Store>) {
     assert_eq!(bob.email, None);
     assert_ne!(bob.id, created.id);
 
-    // The request path: parse the bearer, look up by prefix, verify the hash.
+    // What authentication does: parse the bearer, look the prefix up, verify the hash.
     let (prefix, presented) = keys::parse_bearer(key.secret.expose()).unwrap();
-    let found = store.key_by_prefix(prefix).await.unwrap().unwrap();
+    let found = store.key(prefix).await.unwrap().unwrap();
     assert_eq!(found, created);
     assert!(keys::verify(&found.hash, &presented));
     assert!(!keys::verify(&found.hash, &other.hash));
@@ -191,18 +192,12 @@ async fn create_lookup_verify(store: Arc<dyn Store>) {
     let mut forged = key.secret.expose().to_owned();
     forged.replace_range(20..21, if &forged[20..21] == "A" { "B" } else { "A" });
     if let Some((prefix, hash)) = keys::parse_bearer(&forged) {
-        let found = store.key_by_prefix(prefix).await.unwrap().unwrap();
+        let found = store.key(prefix).await.unwrap().unwrap();
         assert!(!keys::verify(&found.hash, &hash));
     }
 
-    assert!(
-        store
-            .key_by_prefix(&keys::generate().prefix)
-            .await
-            .unwrap()
-            .is_none()
-    );
-    assert!(store.key_by_prefix("").await.unwrap().is_none());
+    assert!(store.key(&keys::generate().prefix).await.unwrap().is_none());
+    assert!(store.key("").await.unwrap().is_none());
 }
 
 async fn generated_keys_are_unique_and_well_formed(store: Arc<dyn Store>) {
@@ -293,13 +288,13 @@ async fn revoke_by_id(store: Arc<dyn Store>) {
         record
     );
 
-    let found = store.key_by_prefix(&key.prefix).await.unwrap().unwrap();
+    let found = store.key(&key.prefix).await.unwrap().unwrap();
     assert_eq!(found, revoked);
     assert!(!found.is_active());
     // The hash still verifies: the caller must check is_active too.
     assert!(keys::verify(&found.hash, &key.hash));
 
-    let untouched = store.key_by_prefix(&other.prefix).await.unwrap().unwrap();
+    let untouched = store.key(&other.prefix).await.unwrap().unwrap();
     assert_eq!(untouched, bystander);
     assert!(untouched.is_active());
 }
@@ -313,7 +308,7 @@ async fn revoke_by_prefix(store: Arc<dyn Store>) {
     let revoked = store.revoke_key(&key.prefix).await.unwrap().unwrap();
     assert_eq!(revoked.id, record.id);
     assert!(!revoked.is_active());
-    let found = store.key_by_prefix(&key.prefix).await.unwrap().unwrap();
+    let found = store.key(&key.prefix).await.unwrap().unwrap();
     assert!(!found.is_active());
 }
 
@@ -329,7 +324,7 @@ async fn revoke_twice_keeps_first_time(store: Arc<dyn Store>) {
         .unwrap()
         .unwrap();
     assert_eq!(second.revoked_at, first.revoked_at);
-    let found = store.key_by_prefix(&key.prefix).await.unwrap().unwrap();
+    let found = store.key(&key.prefix).await.unwrap().unwrap();
     assert_eq!(found.revoked_at, first.revoked_at);
 }
 
@@ -351,14 +346,7 @@ async fn revoke_unknown_is_none(store: Arc<dyn Store>) {
             "{unknown:?}"
         );
     }
-    assert!(
-        store
-            .key_by_prefix(&key.prefix)
-            .await
-            .unwrap()
-            .unwrap()
-            .is_active()
-    );
+    assert!(store.key(&key.prefix).await.unwrap().unwrap().is_active());
 }
 
 async fn duplicate_prefix_is_refused(store: Arc<dyn Store>) {
@@ -386,6 +374,51 @@ async fn duplicate_prefix_is_refused(store: Arc<dyn Store>) {
         .unwrap();
 }
 
+/// Creating, revoking and re-limiting a key each give it the next change number; the
+/// feed since a number returns exactly the keys changed after it, in change order, each
+/// once with its latest state.
+async fn key_feed_numbers_every_change_in_order(store: Arc<dyn Store>) {
+    let records = |feed: &[KeyChange]| feed.iter().map(|c| c.record.clone()).collect::<Vec<_>>();
+    assert!(store.keys_changed_since(0).await.unwrap().is_empty());
+    let a = store
+        .create_key("a", None, &keys::generate(), DEFAULTS)
+        .await
+        .unwrap();
+    let b = store
+        .create_key("b", None, &keys::generate(), DEFAULTS)
+        .await
+        .unwrap();
+    let feed = store.keys_changed_since(0).await.unwrap();
+    assert_eq!(records(&feed), [a.clone(), b.clone()]);
+    assert!(feed[0].seq < feed[1].seq);
+    let seen = feed[1].seq;
+    assert!(store.keys_changed_since(seen).await.unwrap().is_empty());
+
+    let revoked = store.revoke_key(&a.prefix).await.unwrap().unwrap();
+    let feed = store.keys_changed_since(seen).await.unwrap();
+    assert_eq!(records(&feed), std::slice::from_ref(&revoked));
+    let seen = feed[0].seq;
+
+    let limited = store
+        .set_limits(
+            &b.prefix,
+            &LimitUpdate {
+                max_concurrent: Some(Some(3)),
+                ..LimitUpdate::default()
+            },
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let feed = store.keys_changed_since(seen).await.unwrap();
+    assert_eq!(records(&feed), std::slice::from_ref(&limited));
+    // From the start: each key once, as it is now, in the order of its last change.
+    assert_eq!(
+        records(&store.keys_changed_since(0).await.unwrap()),
+        [revoked, limited]
+    );
+}
+
 async fn ping(store: Arc<dyn Store>) {
     store.ping().await.unwrap();
 }
@@ -400,15 +433,9 @@ async fn migrations_are_idempotent(url: &str) {
 
     // A second process (the CLI beside a running server) opening the same database.
     let second = store::connect(url).await.unwrap();
-    assert_eq!(
-        second.key_by_prefix(&key.prefix).await.unwrap(),
-        Some(record.clone())
-    );
+    assert_eq!(second.key(&key.prefix).await.unwrap(), Some(record.clone()));
     let revoked = second.revoke_key(&key.prefix).await.unwrap().unwrap();
-    assert_eq!(
-        first.key_by_prefix(&key.prefix).await.unwrap(),
-        Some(revoked)
-    );
+    assert_eq!(first.key(&key.prefix).await.unwrap(), Some(revoked));
     drop(first);
     drop(second);
 
@@ -427,7 +454,7 @@ async fn concurrent_first_connects(url: &str) {
     let (a, b, c) = (a.unwrap(), b.unwrap(), c.unwrap());
     let key = keys::generate();
     a.create_key("k", None, &key, DEFAULTS).await.unwrap();
-    assert!(b.key_by_prefix(&key.prefix).await.unwrap().is_some());
+    assert!(b.key(&key.prefix).await.unwrap().is_some());
     assert_eq!(c.list_keys().await.unwrap().len(), 1);
 }
 
@@ -472,9 +499,22 @@ async fn existing_keys_get_default_limits(url: &str) {
     }
 
     let store = store::connect(url).await.unwrap();
-    let record = store.key_by_prefix(&key.prefix).await.unwrap().unwrap();
+    let record = store.key(&key.prefix).await.unwrap().unwrap();
     assert_eq!(record.name, "old");
     assert_eq!(record.limits, LimitOverrides::default());
+    // The key is in the change feed, and a change after the migration comes after it.
+    let feed = store.keys_changed_since(0).await.unwrap();
+    assert_eq!(feed.len(), 1);
+    assert_eq!(feed[0].record, record);
+    let newer = store
+        .create_key("new", None, &keys::generate(), DEFAULTS)
+        .await
+        .unwrap();
+    let after = store.keys_changed_since(feed[0].seq).await.unwrap();
+    assert_eq!(
+        after.iter().map(|c| &c.record).collect::<Vec<_>>(),
+        [&newer]
+    );
     // And the new tables work on it.
     store
         .record_usage(&usage(record.id, "req_1", "2026-04", 1, 2))
@@ -504,10 +544,7 @@ async fn create_with_limits(store: Arc<dyn Store>) {
     let key = keys::generate();
     let own = store.create_key("own", None, &key, &ALL_OWN).await.unwrap();
     assert_eq!(own.limits, ALL_OWN);
-    assert_eq!(
-        store.key_by_prefix(&key.prefix).await.unwrap().unwrap(),
-        own
-    );
+    assert_eq!(store.key(&key.prefix).await.unwrap().unwrap(), own);
 
     // Some set, some default; the extremes the columns hold.
     let extremes = LimitOverrides {
@@ -619,10 +656,7 @@ async fn set_and_clear_limits(store: Arc<dyn Store>) {
             max_queued: None,
         }
     );
-    assert_eq!(
-        store.key_by_prefix(&key.prefix).await.unwrap().unwrap(),
-        cleared
-    );
+    assert_eq!(store.key(&key.prefix).await.unwrap().unwrap(), cleared);
 
     // A revoked key's limits can still change.
     store.revoke_key(&key.prefix).await.unwrap().unwrap();
@@ -1155,7 +1189,7 @@ async fn sqlite_memory() {
     let record = a.create_key("k", None, &key, DEFAULTS).await.unwrap();
     // Kept across queries (one long-lived connection)...
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(a.key_by_prefix(&key.prefix).await.unwrap(), Some(record));
+    assert_eq!(a.key(&key.prefix).await.unwrap(), Some(record));
     // ...and private to its store.
     assert!(b.list_keys().await.unwrap().is_empty());
 }
@@ -1192,15 +1226,18 @@ async fn unsupported_urls_name_the_scheme() {
 }
 
 /// A store that reports every `append_request_log` call (its row count, and whether it
-/// failed) and can be told to fail the next few.
-struct WatchedStore {
+/// failed) and can be told to fail the next few; and counts reads of the key change
+/// feed, which it can be told to fail.
+pub(crate) struct WatchedStore {
     inner: Arc<dyn Store>,
     appends: tokio::sync::mpsc::UnboundedSender<(usize, bool)>,
     failures_left: std::sync::atomic::AtomicU32,
+    pub(crate) feed_reads: std::sync::atomic::AtomicU32,
+    pub(crate) feed_down: std::sync::atomic::AtomicBool,
 }
 
 impl WatchedStore {
-    fn new(
+    pub(crate) fn new(
         inner: Arc<dyn Store>,
         failures: u32,
     ) -> (
@@ -1212,6 +1249,8 @@ impl WatchedStore {
             inner,
             appends,
             failures_left: failures.into(),
+            feed_reads: 0.into(),
+            feed_down: false.into(),
         });
         (store, rx)
     }
@@ -1228,8 +1267,13 @@ impl Store for WatchedStore {
     ) -> Result<KeyRecord, StoreError> {
         self.inner.create_key(name, email, key, limits).await
     }
-    async fn key_by_prefix(&self, prefix: &str) -> Result<Option<KeyRecord>, StoreError> {
-        self.inner.key_by_prefix(prefix).await
+    async fn keys_changed_since(&self, since: i64) -> Result<Vec<KeyChange>, StoreError> {
+        self.feed_reads
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if self.feed_down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(StoreError::Database(sqlx::Error::PoolTimedOut));
+        }
+        self.inner.keys_changed_since(since).await
     }
     async fn key(&self, id_or_prefix: &str) -> Result<Option<KeyRecord>, StoreError> {
         self.inner.key(id_or_prefix).await

@@ -1,0 +1,187 @@
+//! The in-memory key table: known keys answered without the store, a flood of unknown
+//! keys costing a bounded number of store reads, keys changed elsewhere picked up, and
+//! what a store outage does to hits and misses.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use fleetgate::keys::{self, KeyTable, MISS_PULL_SPACING};
+use fleetgate::store::{LimitOverrides, LimitUpdate, Store, StoreError};
+
+use crate::common::{Gateway, expect_error};
+use crate::store::{TestDb, WatchedStore};
+
+async fn watched() -> (TestDb, Arc<WatchedStore>) {
+    let db = TestDb::sqlite();
+    let (store, _appends) = WatchedStore::new(db.store().await, 0);
+    (db, store)
+}
+
+fn reads(store: &WatchedStore) -> u32 {
+    store.feed_reads.load(Ordering::SeqCst)
+}
+
+/// A random well-formed prefix that matches no key.
+fn unknown_prefix() -> String {
+    keys::generate().prefix
+}
+
+#[tokio::test]
+async fn known_keys_are_answered_from_memory_even_with_the_store_down() {
+    let (_db, store) = watched().await;
+    let key = keys::generate();
+    let record = store
+        .create_key("k", None, &key, &LimitOverrides::default())
+        .await
+        .unwrap();
+    let table = KeyTable::load(store.clone()).await.unwrap();
+    let loaded = reads(&store);
+    for _ in 0..1_000 {
+        let found = table.find(&key.prefix).await.unwrap().unwrap();
+        assert_eq!(*found, record);
+    }
+    assert_eq!(reads(&store), loaded, "a hit never reads the store");
+
+    store.feed_down.store(true, Ordering::SeqCst);
+    assert_eq!(*table.find(&key.prefix).await.unwrap().unwrap(), record);
+    // A prefix the table does not know cannot be told apart from a key created a
+    // moment ago while the store is away: unavailable, not unknown.
+    assert!(matches!(
+        table.find(&unknown_prefix()).await,
+        Err(StoreError::Unavailable)
+    ));
+    store.feed_down.store(false, Ordering::SeqCst);
+    assert!(table.find(&unknown_prefix()).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn a_flood_of_unknown_keys_costs_a_bounded_number_of_store_reads() {
+    let (_db, store) = watched().await;
+    let table = KeyTable::load(store.clone()).await.unwrap();
+    let before = reads(&store);
+
+    // 2,000 at once: they share the pulls that start after they ask.
+    let misses: Vec<_> = (0..2_000)
+        .map(|_| {
+            let table = Arc::clone(&table);
+            tokio::spawn(async move { table.find(&unknown_prefix()).await })
+        })
+        .collect();
+    for miss in misses {
+        assert!(miss.await.unwrap().unwrap().is_none());
+    }
+    let burst = reads(&store) - before;
+    assert!(
+        burst <= 3,
+        "2,000 concurrent misses read the feed {burst} times"
+    );
+
+    // A steady flood for one second from 32 clients: at most one read per spacing.
+    let before = reads(&store);
+    let started = Instant::now();
+    let workers: Vec<_> = (0..32)
+        .map(|_| {
+            let table = Arc::clone(&table);
+            tokio::spawn(async move {
+                let mut asked = 0u32;
+                while started.elapsed() < Duration::from_secs(1) {
+                    assert!(table.find(&unknown_prefix()).await.unwrap().is_none());
+                    asked += 1;
+                }
+                asked
+            })
+        })
+        .collect();
+    let mut asked = 0;
+    for worker in workers {
+        asked += worker.await.unwrap();
+    }
+    let elapsed = started.elapsed();
+    let flood = reads(&store) - before;
+    let bound = u32::try_from(elapsed.as_millis() / MISS_PULL_SPACING.as_millis()).unwrap() + 2;
+    assert!(
+        flood <= bound,
+        "{asked} misses in {elapsed:?} read the feed {flood} times (bound {bound})"
+    );
+    assert!(asked > flood * 10, "{asked} misses, {flood} reads");
+}
+
+#[tokio::test]
+async fn a_key_created_or_changed_elsewhere_is_seen() {
+    let (_db, store) = watched().await;
+    let table = KeyTable::load(store.clone()).await.unwrap();
+    // Created after the table was loaded: found on first use, by the miss's pull.
+    let key = keys::generate();
+    let record = store
+        .create_key("late", None, &key, &LimitOverrides::default())
+        .await
+        .unwrap();
+    assert_eq!(*table.find(&key.prefix).await.unwrap().unwrap(), record);
+    // Changed: the table has it after its next pull.
+    let limited = store
+        .set_limits(
+            &key.prefix,
+            &LimitUpdate {
+                max_queued: Some(Some(7)),
+                ..LimitUpdate::default()
+            },
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(table.get(&key.prefix).unwrap().limits.max_queued, None);
+    table.pull().await.unwrap();
+    assert_eq!(*table.get(&key.prefix).unwrap(), limited);
+}
+
+/// The running gateway follows the feed by itself: a revocation and a limit change made
+/// by another process's store handle (as the CLI makes them) take effect within 1 s.
+#[tokio::test]
+async fn the_gateway_sees_a_revocation_and_a_limit_change_from_elsewhere_within_a_second() {
+    let gw = Gateway::start().await;
+    let body =
+        r#"{"model":"MODEL","prompt":"Hi","max_tokens":2}"#.replace("MODEL", crate::common::MODEL);
+    assert_eq!(gw.complete(&body).send().await.unwrap().status(), 200);
+    let elsewhere = fleetgate::store::connect(&format!("sqlite://{}", gw.db_path().display()))
+        .await
+        .unwrap();
+
+    elsewhere
+        .set_limits(
+            &gw.key[..12],
+            &LimitUpdate {
+                monthly_budget: Some(Some(1)),
+                ..LimitUpdate::default()
+            },
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let took = until_status(&gw, &body, 429).await;
+    assert!(took < Duration::from_secs(1), "the budget took {took:?}");
+
+    elsewhere.revoke_key(&gw.key[..12]).await.unwrap().unwrap();
+    let took = until_status(&gw, &body, 401).await;
+    assert!(
+        took < Duration::from_secs(1),
+        "the revocation took {took:?}"
+    );
+    expect_error(
+        gw.complete(&body).send().await.unwrap(),
+        401,
+        "invalid_api_key",
+    )
+    .await;
+}
+
+/// Sends the request until it answers `status` (at most 5 s); how long that took.
+async fn until_status(gw: &Gateway, body: &str, status: u16) -> Duration {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(5) {
+        if gw.complete(body).send().await.unwrap().status() == status {
+            return started.elapsed();
+        }
+    }
+    panic!("never answered {status}");
+}
