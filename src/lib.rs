@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod admission;
 pub mod backoff;
+mod batching;
 pub mod completion;
 pub mod config;
 pub mod connections;
@@ -11,6 +12,7 @@ pub mod error;
 pub mod fleet;
 pub mod http;
 pub mod keys;
+pub mod ledger;
 pub mod metrics;
 pub mod models;
 pub mod openapi;

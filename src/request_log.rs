@@ -38,6 +38,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
+use crate::batching::{self, Batching, Message, Sink};
 use crate::store::{RequestLogRow, Store, StoreError};
 
 /// Tuning of the writer; [`Default`] is what the gateway uses.
@@ -81,7 +82,7 @@ pub struct RequestLogStats {
 /// A handle on the request log: cheap to clone, shared by every request.
 #[derive(Clone)]
 pub struct RequestLog {
-    queue: mpsc::Sender<Message>,
+    queue: mpsc::Sender<Message<RequestLogRow>>,
     shared: Arc<Shared>,
 }
 
@@ -91,12 +92,6 @@ impl std::fmt::Debug for RequestLog {
             .field("stats", &self.stats())
             .finish_non_exhaustive()
     }
-}
-
-enum Message {
-    Row(Box<RequestLogRow>),
-    /// Write everything queued before this, then answer.
-    Flush(oneshot::Sender<()>),
 }
 
 struct Shared {
@@ -141,13 +136,16 @@ impl RequestLog {
         let (queue, rx) = mpsc::channel(config.capacity.max(1));
         let counters = Arc::new(Counters::default());
         let stop = CancellationToken::new();
+        let batching = Batching {
+            batch_rows: config.batch_rows,
+            max_delay: config.max_delay,
+        };
         let writer = Writer {
             store,
-            batch: Vec::with_capacity(config.batch_rows.max(1)),
             config,
             counters: counters.clone(),
         };
-        let handle = tokio::spawn(writer.run(rx, stop.clone()));
+        let handle = tokio::spawn(batching::run(writer, rx, stop.clone(), batching));
         Self {
             queue,
             shared: Arc::new(Shared {
@@ -164,7 +162,7 @@ impl RequestLog {
     /// room in the queue. When the queue is full or the log closed, the row is dropped and
     /// counted in [`RequestLogStats::dropped`].
     pub fn record(&self, row: RequestLogRow) {
-        match self.queue.try_send(Message::Row(Box::new(row))) {
+        match self.queue.try_send(Message::Row(row)) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(_)) => self.dropped("the queue is full"),
             Err(mpsc::error::TrySendError::Closed(_)) => self.dropped("the log is closed"),
@@ -224,74 +222,23 @@ impl RequestLog {
     }
 }
 
-/// The background task's state.
+/// The background task's sink: writes a batch with a few attempts, then drops it.
 struct Writer {
     store: Arc<dyn Store>,
     config: RequestLogConfig,
-    batch: Vec<RequestLogRow>,
     counters: Arc<Counters>,
 }
 
-impl Writer {
-    async fn run(mut self, mut rx: mpsc::Receiver<Message>, stop: CancellationToken) {
-        // When the batch's first row arrived plus max_delay; reset with each new batch.
-        let deadline = tokio::time::sleep(self.config.max_delay);
-        tokio::pin!(deadline);
-        loop {
-            tokio::select! {
-                biased;
-                () = stop.cancelled() => break,
-                message = rx.recv() => match message {
-                    Some(message) => {
-                        if self.batch.is_empty() {
-                            deadline
-                                .as_mut()
-                                .reset(tokio::time::Instant::now() + self.config.max_delay);
-                        }
-                        self.handle(message).await;
-                    }
-                    // Every handle is gone.
-                    None => break,
-                },
-                () = &mut deadline, if !self.batch.is_empty() => self.write().await,
-            }
-        }
-        // Take no more, then write what is already queued.
-        rx.close();
-        while let Some(message) = rx.recv().await {
-            self.handle(message).await;
-        }
-        self.write().await;
-    }
-
-    async fn handle(&mut self, message: Message) {
-        match message {
-            Message::Row(row) => {
-                self.batch.push(*row);
-                if self.batch.len() >= self.config.batch_rows.max(1) {
-                    self.write().await;
-                }
-            }
-            Message::Flush(done) => {
-                self.write().await;
-                let _ = done.send(());
-            }
-        }
-    }
-
-    /// Writes the batch (if any), retrying with back-off; empties it either way.
-    async fn write(&mut self) {
-        if self.batch.is_empty() {
-            return;
-        }
-        let rows = u64::try_from(self.batch.len()).unwrap_or(u64::MAX);
+impl Sink<RequestLogRow> for Writer {
+    async fn write(&mut self, batch: &mut Vec<RequestLogRow>) {
+        let rows = u64::try_from(batch.len()).unwrap_or(u64::MAX);
         let attempts = self.config.write_attempts.max(1);
         let mut pauses = Backoff::new(self.config.retry_delay, Duration::MAX).pauses();
         for attempt in 1..=attempts {
-            match self.store.append_request_log(&self.batch).await {
+            match self.store.append_request_log(batch).await {
                 Ok(()) => {
                     self.counters.written.fetch_add(rows, Ordering::Relaxed);
-                    self.batch.clear();
+                    batch.clear();
                     return;
                 }
                 Err(err) if attempt < attempts => {
@@ -314,7 +261,7 @@ impl Writer {
             }
         }
         self.counters.failed.fetch_add(rows, Ordering::Relaxed);
-        self.batch.clear();
+        batch.clear();
     }
 }
 

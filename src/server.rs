@@ -17,6 +17,7 @@ use crate::admission::{Limiter, UsageSource};
 
 use crate::config::{Config, LogFormat};
 use crate::keys::KeyTable;
+use crate::ledger::Ledger;
 use crate::router::build_router;
 use crate::state::AppState;
 
@@ -40,7 +41,11 @@ pub fn init_logging(format: LogFormat) {
 /// configured, else in process) and builds the application state.
 pub async fn prepare(config: Config) -> anyhow::Result<AppState> {
     let store = crate::store::connect(&config.database_url).await?;
-    let ledger: Arc<dyn UsageSource> = Arc::new(LedgerUsage(Arc::clone(&store)));
+    let writer = Ledger::start(Arc::clone(&store));
+    let ledger: Arc<dyn UsageSource> = Arc::new(LedgerUsage {
+        store: Arc::clone(&store),
+        writer: writer.clone(),
+    });
     let limiter: Arc<dyn Limiter> = match &config.redis_url {
         _ if !config.limits.enabled => Arc::new(Unlimited::new(ledger)),
         // Connects lazily: the gateway starts while Redis is down and refuses requests
@@ -55,7 +60,7 @@ pub async fn prepare(config: Config) -> anyhow::Result<AppState> {
     let keys = KeyTable::load(Arc::clone(&store))
         .await
         .context("reading the API keys")?;
-    AppState::new(config, store, keys, limiter)
+    AppState::new(config, store, keys, writer, limiter)
 }
 
 /// After the grace period, how long the cut connections get to close.
@@ -79,6 +84,7 @@ pub async fn serve(
     let tasks = state.tasks().clone();
     let draining = state.draining().clone();
     let request_log = state.request_log().clone();
+    let ledger = state.ledger().clone();
     let ops = match state.config().ops_listen {
         Some(address) => Some(serve_ops(&state, address).await?),
         None => None,
@@ -131,6 +137,13 @@ pub async fn serve(
             "some request tasks did not finish after shutdown; exiting anyway"
         );
     }
+    let usage = ledger.close(SETTLE_WAIT).await;
+    tracing::info!(
+        written = usage.written,
+        unwritten = usage.pending,
+        lost = usage.lost,
+        "usage ledger closed"
+    );
     let stats = request_log.close().await;
     tracing::info!(
         written = stats.written,

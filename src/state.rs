@@ -12,6 +12,7 @@ use crate::config::Config;
 use crate::fleet::Fleet;
 use crate::fleet::prober::Prober;
 use crate::keys::KeyTable;
+use crate::ledger::Ledger;
 use crate::metrics::Metrics;
 use crate::request_log::RequestLog;
 use crate::store::Store;
@@ -28,6 +29,8 @@ struct Inner {
     draining: CancellationToken,
     /// The request metadata log's writer.
     request_log: RequestLog,
+    /// The usage ledger's write-behind writer.
+    ledger: Ledger,
     /// Work that must finish even when its request is gone (settling, leaving a queue);
     /// waited for on shutdown.
     tasks: TaskTracker,
@@ -48,6 +51,7 @@ impl AppState {
         config: Config,
         store: Arc<dyn Store>,
         keys: Arc<KeyTable>,
+        ledger: Ledger,
         limiter: Arc<dyn Limiter>,
     ) -> anyhow::Result<Self> {
         let upstream = UpstreamClient::new(&config.upstream)?;
@@ -58,6 +62,7 @@ impl AppState {
             limiter,
             draining: CancellationToken::new(),
             request_log: RequestLog::start(Arc::clone(&store)),
+            ledger,
             tasks: TaskTracker::new(),
             store,
             keys,
@@ -98,6 +103,9 @@ impl AppState {
     }
     pub fn request_log(&self) -> &RequestLog {
         &self.0.request_log
+    }
+    pub fn ledger(&self) -> &Ledger {
+        &self.0.ledger
     }
     pub fn metrics(&self) -> &Metrics {
         &self.0.metrics

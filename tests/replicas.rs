@@ -588,13 +588,24 @@ async fn two_replicas_share_one_budget() {
         assert_eq!(usage["used"], charged, "{url}: {usage}");
         assert_eq!(usage["remaining"], BUDGET - charged, "{url}: {usage}");
     }
-    // So does the ledger in PostgreSQL.
-    let ledger: Value = serde_json::from_str(&fleetgate(
-        &cluster.config,
-        &["keys", "usage", &api.key[..12], "--json"],
-    ))
-    .unwrap();
-    assert_eq!(ledger["used_tokens"], charged, "{ledger}");
+    // So does the ledger in PostgreSQL, once the write-behind writers have committed
+    // (within milliseconds).
+    let settled = Instant::now();
+    loop {
+        let ledger: Value = serde_json::from_str(&fleetgate(
+            &cluster.config,
+            &["keys", "usage", &api.key[..12], "--json"],
+        ))
+        .unwrap();
+        if ledger["used_tokens"] == charged {
+            break;
+        }
+        assert!(
+            settled.elapsed() < Duration::from_secs(1),
+            "the ledger has {ledger}, the counters {charged}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
     // And the next request is refused by either replica.
     for url in &cluster.urls {
         let response = api.complete_within(SOON, url, &body).await;

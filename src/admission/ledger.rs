@@ -6,14 +6,21 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use super::{Month, UsageSource};
+use crate::ledger::Ledger;
 use crate::store::Store;
 
-pub struct LedgerUsage(pub Arc<dyn Store>);
+/// Reads the ledger's sum after committing this process's own rows still waiting in
+/// the write-behind writer, so that a counter seeded from it misses none of them.
+pub struct LedgerUsage {
+    pub store: Arc<dyn Store>,
+    pub writer: Ledger,
+}
 
 #[async_trait]
 impl UsageSource for LedgerUsage {
     async fn month_usage(&self, key: i64, month: Month) -> Result<u64, String> {
-        self.0
+        self.writer.flush().await;
+        self.store
             .month_usage(key, &month.to_string())
             .await
             .map_err(|err| format!("{err:#}"))

@@ -73,7 +73,7 @@ use settle::Settlement;
                 ("Retry-After" = u32, description = "Seconds to wait before retrying."),
                 ("X-Acs-Upstream-Error-Kind" = String, description = "Mirrors `error.code`."),
             )),
-        (status = 503, description = "`upstream_unavailable`: no node of the model is up or reachable, a sleeping model could not be woken, or every node is at capacity and the fleet queue is full or timed out (with `X-Acs-Upstream-Error-Kind`); or `admission_unavailable`: the shared limit counters cannot be reached, so nothing may start; or `store_unavailable`: the key is not among the keys this server holds in memory and the store cannot be reached to look it up. All carry `Retry-After`.", body = crate::openapi::ErrorEnvelopeDoc,
+        (status = 503, description = "`upstream_unavailable`: no node of the model is up or reachable, a sleeping model could not be woken, or every node is at capacity and the fleet queue is full or timed out (with `X-Acs-Upstream-Error-Kind`); or `admission_unavailable`: the shared limit counters cannot be reached, so nothing may start; or `store_unavailable`: the key is not among the keys this server holds in memory and the store cannot be reached to look it up, or the store has been away so long that the usage waiting to be recorded reached its bound. All carry `Retry-After`.", body = crate::openapi::ErrorEnvelopeDoc,
             headers(
                 ("Retry-After" = u32, description = "Seconds to wait before retrying."),
                 ("X-Acs-Upstream-Error-Kind" = String, description = "Mirrors `error.code`."),
@@ -232,6 +232,11 @@ async fn forward(
             Err(PlanError::NodeLost) => return Err(dispatch::stopped_answering()),
         }
     };
+    if state.ledger().backlogged() {
+        // The store has been away long enough that usage waiting to be recorded reached
+        // its bound: refuse rather than run requests whose usage could not be kept.
+        return Err(ApiError::StoreUnavailable);
+    }
     let key = &caller.0;
     let limits = KeyLimits::resolve(&state.config().limits, &key.limits);
     let grant = admit::admit(state, key.id, &limits, &plan.cost, request_id).await?;

@@ -1,14 +1,20 @@
 //! Settling an admitted request: whatever way it ends (the last byte relayed, an
 //! upstream error, the client gone, a panic), its slot is released and its reservation
-//! turned into real usage — the ledger row first (the durable truth), then the live
-//! counters.
+//! turned into real usage — the ledger row handed to the write-behind writer (the
+//! durable truth, committed within milliseconds and retried until it is), and the live
+//! counters settled at once. A settlement the counters' backend does not confirm (a
+//! Redis that stalls or is away) is retried in the background until it is confirmed:
+//! `finish` is idempotent per lease, so an attempt that did take effect unseen is not
+//! counted twice.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::{Grant, Limiter};
+use crate::backoff::Backoff;
 use crate::completion::meter::Meter;
 use crate::fleet::InFlight;
 use crate::http::request_record::RequestRecord;
@@ -136,22 +142,45 @@ impl Settlement {
         let limiter: Arc<dyn Limiter> = state.limiter_handle();
         let (key, lease, grant) = (self.key, self.lease.clone(), self.grant.clone());
         Some(self.state.tasks().spawn(async move {
-            let row = UsageRow {
+            state.ledger().record(UsageRow {
                 key_id: key,
                 request_id: lease.clone(),
                 month: grant.month.to_string(),
                 prompt_tokens,
                 completion_tokens,
                 created_at: unix_now(),
-            };
-            if let Err(err) = state.store().record_usage(&row).await {
-                tracing::error!(error = %err, request_id = %lease, "could not write the usage ledger");
-            }
+            });
             let used = prompt_tokens + completion_tokens;
             if let Err(err) = limiter.finish(key, &lease, &grant, used).await {
-                tracing::error!(error = %err, request_id = %lease, "could not release the admission slot");
+                tracing::warn!(error = %err, request_id = %lease, "could not settle the live counters; retrying until they are");
+                state
+                    .tasks()
+                    .spawn(finish_until_confirmed(limiter, key, lease, grant, used));
             }
         }))
+    }
+}
+
+/// Pauses between attempts to settle the live counters of a request.
+const FINISH_RETRY: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+
+/// Retries `finish` until the backend confirms it. On shutdown the tracked tasks are
+/// waited for only so long; a settlement still unconfirmed then is in the ledger (the
+/// counters are rebuilt from it when they are lost).
+async fn finish_until_confirmed(
+    limiter: Arc<dyn Limiter>,
+    key: i64,
+    lease: String,
+    grant: Grant,
+    used: u64,
+) {
+    let mut pauses = FINISH_RETRY.pauses();
+    loop {
+        tokio::time::sleep(pauses.next_pause()).await;
+        if limiter.finish(key, &lease, &grant, used).await.is_ok() {
+            tracing::info!(request_id = %lease, "settled the live counters after a retry");
+            return;
+        }
     }
 }
 

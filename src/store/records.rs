@@ -158,7 +158,15 @@ pub trait Store: Send + Sync + 'static {
     /// request again (a retry) changes nothing, whatever its counts. A month that is not
     /// `YYYY-MM` or counts above `i64::MAX`: [`StoreError::Invalid`]; an unknown key: a
     /// database error (foreign key).
-    async fn record_usage(&self, row: &UsageRow) -> Result<(), StoreError>;
+    async fn record_usage(&self, row: &UsageRow) -> Result<(), StoreError> {
+        self.record_usages(std::slice::from_ref(row)).await
+    }
+
+    /// Records finished requests' usage in one transaction: all rows or none (a bad
+    /// row refuses the batch, as [`Store::record_usage`] says). Each row is idempotent
+    /// on its `request_id`, so a batch retried after an unclear commit counts nothing
+    /// twice.
+    async fn record_usages(&self, rows: &[UsageRow]) -> Result<(), StoreError>;
 
     /// The key's recorded tokens (prompt + completion) for `month` (`YYYY-MM`); 0 when
     /// there are none. One indexed lookup.

@@ -140,21 +140,29 @@ macro_rules! impl_store {
                 .await?)
             }
 
-            async fn record_usage(&self, row: &UsageRow) -> Result<(), StoreError> {
-                let counts = UsageColumns::encode(row)?;
-                sqlx::query(concat!(
-                    "INSERT INTO usage_ledger ",
-                    "(key_id, request_id, month, prompt_tokens, completion_tokens, created_at) ",
-                    "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (request_id) DO NOTHING"
-                ))
-                .bind(row.key_id)
-                .bind(&row.request_id)
-                .bind(&row.month)
-                .bind(counts.prompt_tokens)
-                .bind(counts.completion_tokens)
-                .bind(row.created_at)
-                .execute(&self.pool)
-                .await?;
+            async fn record_usages(&self, rows: &[UsageRow]) -> Result<(), StoreError> {
+                // Every row checked before anything is written: all or none.
+                let counts = rows
+                    .iter()
+                    .map(UsageColumns::encode)
+                    .collect::<Result<Vec<_>, _>>()?;
+                let mut tx = self.pool.begin().await?;
+                for (row, counts) in rows.iter().zip(counts) {
+                    sqlx::query(concat!(
+                        "INSERT INTO usage_ledger ",
+                        "(key_id, request_id, month, prompt_tokens, completion_tokens, created_at) ",
+                        "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (request_id) DO NOTHING"
+                    ))
+                    .bind(row.key_id)
+                    .bind(&row.request_id)
+                    .bind(&row.month)
+                    .bind(counts.prompt_tokens)
+                    .bind(counts.completion_tokens)
+                    .bind(row.created_at)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                tx.commit().await?;
                 Ok(())
             }
 

@@ -205,11 +205,15 @@ async fn state(toml: &str) -> (AppState, Arc<LocalLimiter>, String) {
     let store = fleetgate::store::connect(&config.database_url)
         .await
         .unwrap();
-    let limiter = Arc::new(LocalLimiter::new(Arc::new(LedgerUsage(Arc::clone(&store)))));
+    let writer = fleetgate::ledger::Ledger::start(Arc::clone(&store));
+    let limiter = Arc::new(LocalLimiter::new(Arc::new(LedgerUsage {
+        store: Arc::clone(&store),
+        writer: writer.clone(),
+    })));
     let keys = fleetgate::keys::KeyTable::load(Arc::clone(&store))
         .await
         .unwrap();
-    let state = AppState::new(config, store, keys, limiter.clone()).unwrap();
+    let state = AppState::new(config, store, keys, writer, limiter.clone()).unwrap();
     let key = fleetgate::keys::generate();
     state
         .store()

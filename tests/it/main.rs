@@ -28,6 +28,7 @@ mod fleet;
 mod gateway;
 mod health;
 mod keys;
+mod ledger;
 mod limiter;
 mod metadata_log;
 mod metrics;

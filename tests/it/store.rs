@@ -1227,13 +1227,15 @@ async fn unsupported_urls_name_the_scheme() {
 
 /// A store that reports every `append_request_log` call (its row count, and whether it
 /// failed) and can be told to fail the next few; and counts reads of the key change
-/// feed, which it can be told to fail.
+/// feed and usage ledger writes, which it can be told to fail.
 pub(crate) struct WatchedStore {
     inner: Arc<dyn Store>,
     appends: tokio::sync::mpsc::UnboundedSender<(usize, bool)>,
     failures_left: std::sync::atomic::AtomicU32,
     pub(crate) feed_reads: std::sync::atomic::AtomicU32,
     pub(crate) feed_down: std::sync::atomic::AtomicBool,
+    pub(crate) usage_writes: std::sync::atomic::AtomicU32,
+    pub(crate) usage_down: std::sync::atomic::AtomicBool,
 }
 
 impl WatchedStore {
@@ -1251,6 +1253,8 @@ impl WatchedStore {
             failures_left: failures.into(),
             feed_reads: 0.into(),
             feed_down: false.into(),
+            usage_writes: 0.into(),
+            usage_down: false.into(),
         });
         (store, rx)
     }
@@ -1291,8 +1295,13 @@ impl Store for WatchedStore {
     ) -> Result<Option<KeyRecord>, StoreError> {
         self.inner.set_limits(id_or_prefix, update).await
     }
-    async fn record_usage(&self, row: &UsageRow) -> Result<(), StoreError> {
-        self.inner.record_usage(row).await
+    async fn record_usages(&self, rows: &[UsageRow]) -> Result<(), StoreError> {
+        self.usage_writes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if self.usage_down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(StoreError::Database(sqlx::Error::PoolTimedOut));
+        }
+        self.inner.record_usages(rows).await
     }
     async fn month_usage(&self, key_id: i64, month: &str) -> Result<u64, StoreError> {
         self.inner.month_usage(key_id, month).await
