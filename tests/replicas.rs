@@ -808,3 +808,69 @@ async fn a_frozen_redis_leaves_no_phantom_slots() {
         .await;
     assert_eq!(usage["used"], 2 * (4 + 2), "{usage}");
 }
+
+/// Requests that end while Redis is frozen (SIGSTOP) cannot settle their live counters
+/// then; their settlements are retried until Redis confirms them, so once it resumes the
+/// key's `used` counter, the ledger and what the clients were told all agree, and no
+/// slot or reservation is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis-server on PATH"]
+async fn settlements_during_a_redis_freeze_are_not_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let (_mock, upstream) = start_mock(20);
+    let database_url = format!("sqlite://{}/fg.db", dir.path().display());
+    let prefix = format!("fleetgate-test:settle:{}", uuid::Uuid::new_v4().simple());
+    let config = write_config(
+        dir.path(),
+        &database_url,
+        &format!("redis://127.0.0.1:{port}"),
+        &prefix,
+        &upstream,
+    );
+    let api = Api::new(create_key(&config, &["--max-concurrent", "4"]));
+    let redis = RedisServer::start(port).await;
+    let (_gateway, url) = serve(&config, "gateway");
+    let quick = json!({"model": MODEL, "prompt": [1, 2, 3, 4], "max_tokens": 2});
+    let (mut told, _) = until_admitted(&api, &url, &quick).await;
+
+    // Four streams of 20 to 80 tokens 20 ms apart (0.4 to 1.6 s) are running when Redis
+    // freezes for longer than that: each ends, and settles, while Redis cannot answer —
+    // the later ones after earlier calls have timed out and the connection was dropped.
+    let mut running = Vec::new();
+    for max_tokens in [20, 40, 60, 80] {
+        let stream = json!({"model": MODEL, "prompt": [1, 2, 3, 4], "max_tokens": max_tokens,
+            "stream": true, "stream_options": {"include_usage": true}});
+        running.push(api.start_stream(&url, &stream).await);
+    }
+    signal(&redis, "STOP");
+    let frozen = Instant::now();
+    for mut response in running {
+        let body = bounded(SOON, "a stream ends while Redis is frozen", async {
+            let mut body = Vec::new();
+            while let Some(chunk) = response.chunk().await.unwrap() {
+                body.extend_from_slice(&chunk);
+            }
+            String::from_utf8(body).unwrap()
+        })
+        .await;
+        told += stream_usage(&body);
+    }
+    // Frozen for 3 s in all, past every stream's end and call time-out.
+    let rest = Duration::from_secs(3).saturating_sub(frozen.elapsed());
+    tokio::time::sleep(rest).await;
+    signal(&redis, "CONT");
+
+    let usage = api
+        .wait_usage(&url, "the retried settlements applied", |u| {
+            u["running"] == 0 && u["reserved"] == 0 && u["used"] == told
+        })
+        .await;
+    assert_eq!(usage["used"], told, "{usage}");
+    let ledger: Value = serde_json::from_str(&fleetgate(
+        &config,
+        &["keys", "usage", &api.key[..12], "--json"],
+    ))
+    .unwrap();
+    assert_eq!(ledger["used_tokens"], told, "{ledger}");
+}

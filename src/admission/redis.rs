@@ -43,8 +43,11 @@
 //!
 //! # Known limits
 //!
-//! - `finish` after a lease lapsed (no renewal for a whole TTL) finds nothing to settle,
-//!   so those tokens reach the live counter only when it is next seeded from the ledger.
+//! - A `finish` that fails (Redis stalled or away) is retried by the gateway until Redis
+//!   confirms it; it is idempotent per lease, so an attempt Redis ran without its reply
+//!   arriving is not counted twice. But a `finish` after the lease lapsed (Redis away, or
+//!   no renewal, for a whole TTL) finds nothing to settle, so those tokens reach the live
+//!   counter only when it is next seeded from the ledger.
 //! - `finish` while a counter is missing adds nothing (the ledger has the tokens), so a
 //!   ledger read that a concurrent seeding began before the gateway wrote that usage can
 //!   miss it until the counter is next rebuilt.
