@@ -214,7 +214,7 @@ struct Cluster {
     config: PathBuf,
     api: Api,
     _redis: RedisPrefix,
-    _database: FreshDatabase,
+    database: FreshDatabase,
     _dir: tempfile::TempDir,
 }
 
@@ -242,7 +242,7 @@ impl Cluster {
             config,
             api: Api::new(key),
             _redis: redis,
-            _database: database,
+            database,
             _dir: dir,
         }
     }
@@ -427,6 +427,76 @@ async fn key_changes_reach_both_replicas_within_a_second() {
                 tokio::time::sleep(POLL).await;
             }
         }
+    }
+}
+
+/// PostgreSQL unreachable under load (connections ended, database renamed): both
+/// replicas keep serving the key they hold in memory — never a 500 — while its usage
+/// waits in their write-behind writers; a key they do not hold is 503
+/// `store_unavailable` with `Retry-After`. Once the database is back, the ledger, the
+/// live counters and what the clients were told agree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL and Redis (set TEST_POSTGRES_URL, TEST_REDIS_URL)"]
+async fn a_postgres_outage_stops_no_traffic_and_loses_no_usage() {
+    let cluster = Cluster::start("pgout", 0, &[]).await;
+    let api = &cluster.api;
+    let body = json!({"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 2});
+    let mut told = 0;
+    let mut complete = async |url: &str| {
+        let response = api.complete_within(ANSWER, url, &body).await;
+        assert_eq!(response.status(), 200, "{url}");
+        let json: Value = response.json().await.unwrap();
+        told += json["usage"]["total_tokens"].as_u64().unwrap();
+    };
+    for url in &cluster.urls {
+        complete(url).await;
+    }
+
+    cluster.database.take_away().await;
+    let away = Instant::now();
+    let mut served = 0;
+    while away.elapsed() < Duration::from_secs(2) {
+        for url in &cluster.urls {
+            complete(url).await;
+            served += 1;
+        }
+    }
+    let stranger = Api::new(format!(
+        "{}{}",
+        &api.key[..3],
+        "A".repeat(api.key.len() - 3)
+    ));
+    let refused = stranger
+        .complete_within(ANSWER, &cluster.urls[0], &body)
+        .await;
+    assert_eq!(refused.headers()["retry-after"], "1");
+    refusal(refused, 503, "store_unavailable").await;
+    cluster.database.bring_back().await;
+    eprintln!("{served} requests served while PostgreSQL was away");
+
+    for url in &cluster.urls {
+        let usage = api
+            .wait_usage(url, "all settled", |u| {
+                u["running"] == 0 && u["reserved"] == 0
+            })
+            .await;
+        assert_eq!(usage["used"], told, "{url}: {usage}");
+    }
+    let back = Instant::now();
+    loop {
+        let ledger: Value = serde_json::from_str(&fleetgate(
+            &cluster.config,
+            &["keys", "usage", &api.key[..12], "--json"],
+        ))
+        .unwrap();
+        if ledger["used_tokens"] == told {
+            break;
+        }
+        assert!(
+            back.elapsed() < SOON,
+            "the ledger has {ledger}, the clients were told {told}"
+        );
+        tokio::time::sleep(POLL).await;
     }
 }
 

@@ -39,12 +39,57 @@ impl FreshDatabase {
     }
 }
 
+impl FreshDatabase {
+    /// Makes the database unreachable, as an outage would: every connection to it is
+    /// ended and it is renamed, so reconnecting fails until [`FreshDatabase::bring_back`].
+    pub async fn take_away(&self) {
+        let away = format!("{}_away", self.name);
+        self.rename(&self.name, &away).await;
+    }
+
+    pub async fn bring_back(&self) {
+        let away = format!("{}_away", self.name);
+        self.rename(&away, &self.name).await;
+    }
+
+    /// Ends the connections to `from` and renames it; the clients reconnect at once, so
+    /// this tries until no connection slipped in between (at most 50 times).
+    async fn rename(&self, from: &str, to: &str) {
+        let mut admin = PgConnection::connect(&self.admin_url).await.unwrap();
+        let mut last = String::new();
+        for _ in 0..50 {
+            sqlx::query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE datname = $1 AND pid <> pg_backend_pid()",
+            )
+            .bind(from)
+            .execute(&mut admin)
+            .await
+            .unwrap();
+            match sqlx::raw_sql(AssertSqlSafe(format!(
+                "ALTER DATABASE {from} RENAME TO {to}"
+            )))
+            .execute(&mut admin)
+            .await
+            {
+                Ok(_) => {
+                    admin.close().await.unwrap();
+                    return;
+                }
+                Err(err) => last = err.to_string(),
+            }
+        }
+        panic!("could not rename {from} to {to}: {last}");
+    }
+}
+
 impl Drop for FreshDatabase {
     /// `Drop` cannot await and may run inside the test's runtime, so this works on a
     /// thread of its own with its own runtime.
     fn drop(&mut self) {
         let admin_url = self.admin_url.clone();
-        let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+        // Under either name: a test may fail while the database is taken away.
+        let names = [self.name.clone(), format!("{}_away", self.name)];
         let outcome = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -54,10 +99,15 @@ impl Drop for FreshDatabase {
                 let mut admin = PgConnection::connect(&admin_url)
                     .await
                     .map_err(|e| e.to_string())?;
-                sqlx::raw_sql(AssertSqlSafe(sql))
+                for name in names {
+                    // One statement each: DROP DATABASE cannot run in a transaction.
+                    sqlx::raw_sql(AssertSqlSafe(format!(
+                        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                    )))
                     .execute(&mut admin)
                     .await
                     .map_err(|e| e.to_string())?;
+                }
                 admin.close().await.map_err(|e| e.to_string())
             })
         })
