@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use common::postgres::FreshDatabase;
 use common::processes::{FLEETGATE, MockNode, Proc, serve, start_mock};
+use sqlx::{AssertSqlSafe, Connection as _, PgConnection};
 
 use bytes::Bytes;
 use serde_json::{Value, json};
@@ -96,6 +97,48 @@ fn write_config(
     )
     .unwrap();
     path
+}
+
+/// Makes the database unreachable, as an outage would: every connection to it is
+/// ended and it is renamed, so reconnecting fails until [`bring_back`].
+async fn take_away(database: &FreshDatabase) {
+    let away = format!("{}_away", database.name);
+    rename(database, &database.name, &away).await;
+}
+
+async fn bring_back(database: &FreshDatabase) {
+    let away = format!("{}_away", database.name);
+    rename(database, &away, &database.name).await;
+}
+
+/// Ends the connections to `from` and renames it; the clients reconnect at once, so
+/// this tries until no connection slipped in between (at most 50 times).
+async fn rename(database: &FreshDatabase, from: &str, to: &str) {
+    let mut admin = PgConnection::connect(&database.admin_url).await.unwrap();
+    let mut last = String::new();
+    for _ in 0..50 {
+        sqlx::query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = $1 AND pid <> pg_backend_pid()",
+        )
+        .bind(from)
+        .execute(&mut admin)
+        .await
+        .unwrap();
+        match sqlx::raw_sql(AssertSqlSafe(format!(
+            "ALTER DATABASE {from} RENAME TO {to}"
+        )))
+        .execute(&mut admin)
+        .await
+        {
+            Ok(_) => {
+                admin.close().await.unwrap();
+                return;
+            }
+            Err(err) => last = err.to_string(),
+        }
+    }
+    panic!("could not rename {from} to {to}: {last}");
 }
 
 /// A TCP port that was free a moment ago.
@@ -452,7 +495,7 @@ async fn a_postgres_outage_stops_no_traffic_and_loses_no_usage() {
         complete(url).await;
     }
 
-    cluster.database.take_away().await;
+    take_away(&cluster.database).await;
     let away = Instant::now();
     let mut served = 0;
     while away.elapsed() < Duration::from_secs(2) {
@@ -471,7 +514,7 @@ async fn a_postgres_outage_stops_no_traffic_and_loses_no_usage() {
         .await;
     assert_eq!(refused.headers()["retry-after"], "1");
     refusal(refused, 503, "store_unavailable").await;
-    cluster.database.bring_back().await;
+    bring_back(&cluster.database).await;
     eprintln!("{served} requests served while PostgreSQL was away");
 
     for url in &cluster.urls {

@@ -8,8 +8,9 @@ pub const POSTGRES_URL_VAR: &str = "TEST_POSTGRES_URL";
 pub struct FreshDatabase {
     /// The new database's URL.
     pub url: String,
-    admin_url: String,
-    name: String,
+    /// The server's URL, for work on the database from outside.
+    pub admin_url: String,
+    pub name: String,
 }
 
 impl FreshDatabase {
@@ -36,50 +37,6 @@ impl FreshDatabase {
             admin_url,
             name,
         }
-    }
-}
-
-impl FreshDatabase {
-    /// Makes the database unreachable, as an outage would: every connection to it is
-    /// ended and it is renamed, so reconnecting fails until [`FreshDatabase::bring_back`].
-    pub async fn take_away(&self) {
-        let away = format!("{}_away", self.name);
-        self.rename(&self.name, &away).await;
-    }
-
-    pub async fn bring_back(&self) {
-        let away = format!("{}_away", self.name);
-        self.rename(&away, &self.name).await;
-    }
-
-    /// Ends the connections to `from` and renames it; the clients reconnect at once, so
-    /// this tries until no connection slipped in between (at most 50 times).
-    async fn rename(&self, from: &str, to: &str) {
-        let mut admin = PgConnection::connect(&self.admin_url).await.unwrap();
-        let mut last = String::new();
-        for _ in 0..50 {
-            sqlx::query(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-                 WHERE datname = $1 AND pid <> pg_backend_pid()",
-            )
-            .bind(from)
-            .execute(&mut admin)
-            .await
-            .unwrap();
-            match sqlx::raw_sql(AssertSqlSafe(format!(
-                "ALTER DATABASE {from} RENAME TO {to}"
-            )))
-            .execute(&mut admin)
-            .await
-            {
-                Ok(_) => {
-                    admin.close().await.unwrap();
-                    return;
-                }
-                Err(err) => last = err.to_string(),
-            }
-        }
-        panic!("could not rename {from} to {to}: {last}");
     }
 }
 
