@@ -251,7 +251,7 @@ impl Drop for RedisPrefix {
 /// front of one mock-vllm, with one key. Fields drop in order: the replicas and the mock
 /// are killed first, then the Redis keys are deleted and the database dropped.
 struct Cluster {
-    _replicas: Vec<Proc>,
+    replicas: Vec<Proc>,
     _mock: MockNode,
     urls: [String; 2],
     config: PathBuf,
@@ -279,7 +279,7 @@ impl Cluster {
         let (a, url_a) = serve(&config, "replica A");
         let (b, url_b) = serve(&config, "replica B");
         Self {
-            _replicas: vec![a, b],
+            replicas: vec![a, b],
             _mock: mock,
             urls: [url_a, url_b],
             config,
@@ -541,6 +541,60 @@ async fn a_postgres_outage_stops_no_traffic_and_loses_no_usage() {
         );
         tokio::time::sleep(POLL).await;
     }
+}
+
+/// A replica killed (SIGKILL) while it holds the key's one slot and the head of its
+/// queue: the slot and the queue place lapse within seconds, so a request waiting
+/// behind them on the surviving replica starts within 3 s of the kill, not 30.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL and Redis (set TEST_POSTGRES_URL, TEST_REDIS_URL)"]
+async fn a_dead_replicas_slot_and_queue_places_free_within_seconds() {
+    let mut cluster = Cluster::start(
+        "deadplaces",
+        50,
+        &["--max-concurrent", "1", "--max-queued", "4"],
+    )
+    .await;
+    let [a, b] = cluster.urls.clone();
+    let api = cluster.api.clone();
+    // 2000 tokens 50 ms apart: the stream would run 100 s.
+    let slow =
+        json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 2000, "stream": true});
+    let quick = json!({"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 2});
+    let _holding = api.start_stream(&a, &slow).await;
+    // The head of the queue waits on A, and dies with it (its error is expected).
+    let head = {
+        let (api, a, quick) = (api.clone(), a.clone(), quick.clone());
+        tokio::spawn(async move {
+            let _ = api
+                .client
+                .post(format!("{a}/v1/completions"))
+                .bearer_auth(&api.key)
+                .json(&quick)
+                .send()
+                .await;
+        })
+    };
+    wait_occupancy(&api, &b, 1, 1).await;
+    let behind = {
+        let (api, b, quick) = (api.clone(), b.clone(), quick.clone());
+        tokio::spawn(async move { api.client_send(&b, &quick).await })
+    };
+    wait_occupancy(&api, &b, 1, 2).await;
+
+    cluster.replicas[0].0.kill().unwrap();
+    let killed = Instant::now();
+    let served = bounded(SOON, "the waiter on the surviving replica", behind)
+        .await
+        .unwrap();
+    let waited = killed.elapsed();
+    assert_eq!(served.status(), 200);
+    assert!(
+        waited < Duration::from_secs(3),
+        "started {waited:?} after the kill"
+    );
+    eprintln!("the surviving waiter started {waited:?} after the kill");
+    head.abort();
 }
 
 /// Two replicas hold one queue: two streams running through A fill the key's slots, a

@@ -13,7 +13,7 @@
 //! | key | type | content |
 //! | --- | --- | --- |
 //! | `P:{id}:run` | zset | running leases → lease expiry (µs, Redis clock) |
-//! | `P:{id}:grants` | hash | running lease → `"YYYY-MM reserved"` (its budget reservation) |
+//! | `P:{id}:grants` | hash | running lease → `"YYYY-MM reserved"` (its budget reservation); `~lease` → `"YYYY-MM reserved lapsed_at"` (a lapsed slot's) |
 //! | `P:{id}:queue` | zset | waiting leases → ticket (arrival order) |
 //! | `P:{id}:qexp` | zset | waiting leases → lease expiry (µs) |
 //! | `P:{id}:rate` | string | GCRA theoretical arrival time (µs); expires when idle |
@@ -25,14 +25,23 @@
 //!
 //! # Leases
 //!
-//! Every running slot (with its reservation) and every queue place expires
-//! [`RedisLimiterOptions::lease_ttl`] (30 s by default) after it was taken or last
-//! renewed; every script first purges what has expired, so the slots, queue places and
-//! reservations of a crashed replica come back by themselves. The gateway calls
-//! [`Limiter::renew`] for each live request well within the TTL (every ~10 s); a waiter
-//! inside [`Limiter::wait_turn`] keeps its own queue place alive. The lease sets
-//! themselves expire 1 s after their last lease, the rate key when it no longer limits,
-//! and the used counters [`COUNTER_TTL_PAST_MONTH`] after their month ends.
+//! Every running slot expires [`RedisLimiterOptions::lease_ttl`] (2 s by default) after
+//! it was taken or last renewed, every queue place
+//! [`RedisLimiterOptions::queue_ttl`] (2 s) after its waiter last checked its turn;
+//! every script first purges what has expired, so the slots and queue places of a
+//! crashed replica come back within seconds by themselves, and a dead waiter at the head
+//! of a queue blocks nobody for longer. The gateway calls [`Limiter::renew`] for each
+//! live request every third of the lease; a waiter inside [`Limiter::wait_turn`] checks
+//! (and so keeps its place) at least every quarter of the queue TTL.
+//!
+//! A lapsed slot's reservation is kept aside (`'~'..lease` in `grants`) for two more
+//! minutes: it still counts against the budget, a late `finish` still settles it into
+//! the used counter, and a late `renew` takes the slot back — so a Redis that stood
+//! still past the TTL (its clock jumps on resume) loses no usage and lets no budget be
+//! spent twice. A crashed replica's reservations come back after those two minutes.
+//! The lease sets themselves expire 1 s after their last lease (`grants` two minutes
+//! after), the rate key when it no longer limits, and the used counters
+//! [`COUNTER_TTL_PAST_MONTH`] after their month ends.
 //!
 //! # Failures
 //!
@@ -45,9 +54,9 @@
 //!
 //! - A `finish` that fails (Redis stalled or away) is retried by the gateway until Redis
 //!   confirms it; it is idempotent per lease, so an attempt Redis ran without its reply
-//!   arriving is not counted twice. But a `finish` after the lease lapsed (Redis away, or
-//!   no renewal, for a whole TTL) finds nothing to settle, so those tokens reach the live
-//!   counter only when it is next seeded from the ledger.
+//!   arriving is not counted twice. A `finish` more than two minutes after its slot
+//!   lapsed finds nothing to settle, so those tokens reach the live counter only when it
+//!   is next seeded from the ledger.
 //! - `finish` while a counter is missing adds nothing (the ledger has the tokens), so a
 //!   ledger read that a concurrent seeding began before the gateway wrote that usage can
 //!   miss it until the counter is next rebuilt.
@@ -68,6 +77,9 @@ use super::{Admitted, Cost, Denial, Grant, KeyLimits, Lease, Limiter, Month, Usa
 use super::{QUEUE_FULL_RETRY_AFTER, QUEUE_PLACE_GONE};
 use crate::backoff::Backoff;
 
+/// How long the reservation of a lapsed slot keeps counting (`LAPSED_KEEP_US` in
+/// `common.lua`, which must say the same).
+pub const LAPSED_KEEP: Duration = Duration::from_secs(120);
 /// How long a used counter lives past the end of its month.
 pub const COUNTER_TTL_PAST_MONTH: Duration = Duration::from_secs(40 * 24 * 3600);
 /// How often the subscription connection is checked with a PING.
@@ -102,9 +114,12 @@ macro_rules! script {
 /// Tuning of [`RedisLimiter`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RedisLimiterOptions {
-    /// How long a running slot, its reservation and a queue place outlive their last
-    /// renewal.
+    /// How long a running slot outlives its last renewal (renewed every third of it).
+    /// Its reservation outlives it by two minutes more, for a late settlement.
     pub lease_ttl: Duration,
+    /// How long a queue place outlives its waiter's last check; a waiter checks at
+    /// least every quarter of it, so a crashed replica's places are gone within this.
+    pub queue_ttl: Duration,
     /// Longest wait for one Redis reply.
     pub call_timeout: Duration,
     /// Longest wait for a connection to Redis.
@@ -116,7 +131,8 @@ pub struct RedisLimiterOptions {
 impl Default for RedisLimiterOptions {
     fn default() -> Self {
         Self {
-            lease_ttl: Duration::from_secs(30),
+            lease_ttl: Duration::from_secs(2),
+            queue_ttl: Duration::from_secs(2),
             call_timeout: Duration::from_millis(500),
             connect_timeout: Duration::from_secs(1),
             poll_interval: Duration::from_millis(250),
@@ -339,6 +355,12 @@ impl RedisLimiter {
             .clamp(1, LUA_MAX / 1000)
     }
 
+    fn queue_ttl_ms(&self) -> u64 {
+        u64::try_from(self.options.queue_ttl.as_millis())
+            .unwrap_or(u64::MAX)
+            .clamp(1, LUA_MAX / 1000)
+    }
+
     /// The arguments both starting scripts (admit, turn) end with: the budget, the cost,
     /// the lease and where to announce a change.
     fn start_args(
@@ -380,6 +402,7 @@ impl RedisLimiter {
             .key(self.counter_key(key, month))
             .arg(limits.max_concurrent);
         self.start_args(&mut invocation, &k, limits, cost, lease, month);
+        invocation.arg(self.queue_ttl_ms());
         let reply = self.invoke("wait_turn", &invocation).await?;
         match code(&reply) {
             WAIT => Ok(Turn::Wait),
@@ -440,6 +463,7 @@ impl Limiter for RedisLimiter {
                 .arg(limits.max_concurrent)
                 .arg(limits.max_queued);
             self.start_args(&mut invocation, &k, limits, cost, lease, month);
+            invocation.arg(self.queue_ttl_ms());
             let reply = self.invoke("admit", &invocation).await?;
             match code(&reply) {
                 SEED => self.seed(key, month).await?,
@@ -486,8 +510,10 @@ impl Limiter for RedisLimiter {
                 Turn::Seed => return Err(seed_failed()),
                 Turn::Wait => {}
             }
-            // A lost message or a lapsed lease elsewhere is noticed by the next poll.
-            let _ = tokio::time::timeout(self.options.poll_interval, notified).await;
+            // A lost message or a lapsed lease elsewhere is noticed by the next poll,
+            // which also keeps this waiter's queue place alive.
+            let poll = self.options.poll_interval.min(self.options.queue_ttl / 4);
+            let _ = tokio::time::timeout(poll, notified).await;
         }
     }
 

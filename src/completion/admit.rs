@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use crate::admission::redis::LAPSED_KEEP;
 use crate::admission::{Admitted, Cost, Denial, Grant, KeyLimits, Month};
 use crate::backoff::Backoff;
 use crate::error::ApiError;
@@ -70,8 +71,9 @@ fn give_back_unconfirmed(state: &AppState, key: i64, lease: &str) {
     let Some(renewal) = limiter.lease_renewal() else {
         return;
     };
-    // A lease lives three renewal periods without renewal (the Redis limiter's TTL).
-    let window = renewal * 3;
+    // A slot lives three renewal periods without renewal (the Redis limiter's TTL), and
+    // its reservation is kept aside for LAPSED_KEEP more; `finish` clears it until then.
+    let window = renewal * 3 + LAPSED_KEEP;
     let lease = lease.to_owned();
     // Not on the tracked tasks: shutdown need not wait for a backend that is away (the
     // leases lapse by themselves).

@@ -734,8 +734,9 @@ async fn waiters_wake_across_replicas(fx: Fixture) {
     b.finish(1, "second", &second, 1).await.unwrap();
 }
 
-/// A replica that crashes leaves a running slot, its reservation and a queue place; they
-/// lapse after the lease TTL and the next waiter starts. Renewed leases do not lapse.
+/// A replica that crashes leaves a running slot, its reservation and a queue place; the
+/// slot and the place lapse after their TTLs and the next waiter starts, while the
+/// reservation still counts until a late settlement. Renewed leases do not lapse.
 async fn leases_of_a_crashed_replica_expire(fx: Fixture) {
     let ttl = Duration::from_millis(1000);
     let short = RedisLimiterOptions {
@@ -761,16 +762,24 @@ async fn leases_of_a_crashed_replica_expire(fx: Fixture) {
     .unwrap();
     assert!(t0.elapsed() >= ttl, "started before the leases lapsed");
     assert_eq!(healthy.occupancy(1).await.unwrap(), (1, 0));
-    // The crashed reservation is gone; only next's is held.
+    // The lapsed slot's reservation still counts (for two minutes), beside next's…
     assert_eq!(
         healthy.usage(1, lost.month).await.unwrap(),
         Usage {
             used: 0,
+            reserved: lost.reserved + next.reserved
+        }
+    );
+    // …so a late settlement (the replica was only frozen) is counted, exactly once.
+    healthy.finish(1, "lost", &lost, 100).await.unwrap();
+    healthy.finish(1, "lost", &lost, 100).await.unwrap();
+    assert_eq!(
+        healthy.usage(1, lost.month).await.unwrap(),
+        Usage {
+            used: 100,
             reserved: next.reserved
         }
     );
-    // Finishing the lapsed lease later changes nothing.
-    healthy.finish(1, "lost", &lost, 100).await.unwrap();
     assert_eq!(healthy.occupancy(1).await.unwrap(), (1, 0));
     healthy.finish(1, "next", &next, 20).await.unwrap();
 
@@ -794,8 +803,9 @@ async fn leases_of_a_crashed_replica_expire(fx: Fixture) {
     assert_eq!(
         healthy.usage(1, kept.month).await.unwrap(),
         Usage {
-            used: 20,
-            reserved: behind.reserved
+            used: 120,
+            // kept's slot lapsed when its renewals stopped; its reservation still counts.
+            reserved: kept.reserved + behind.reserved
         }
     );
     healthy.finish(1, "behind", &behind, 1).await.unwrap();

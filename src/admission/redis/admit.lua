@@ -2,14 +2,14 @@
 -- the back of the queue, or a refusal. A refusal changes nothing but the rate.
 -- KEYS: rate run grants queue qexp used
 -- ARGV: rpm max_concurrent max_queued budget prompt fan_out max_tokens lease month
---       ttl_ms channel key_id
+--       ttl_ms channel key_id queue_ttl_ms
 local rate, run, grants, queue, qexp, used = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local rpm = math.max(tonumber(ARGV[1]), 1)
 local max_concurrent, max_queued = tonumber(ARGV[2]), tonumber(ARGV[3])
 local budget, prompt, fan_out, max_tokens =
   tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local lease, month, ttl_us = ARGV[8], ARGV[9], tonumber(ARGV[10]) * 1000
-local channel, key_id = ARGV[11], ARGV[12]
+local channel, key_id, queue_ttl_us = ARGV[11], ARGV[12], tonumber(ARGV[13]) * 1000
 
 -- A missing counter (new month, lost data) is seeded from the ledger by the caller,
 -- who then calls again; nothing has changed yet.
@@ -46,6 +46,6 @@ if last[2] then
   ticket = tonumber(last[2]) + 1
 end
 redis.call('ZADD', queue, int(ticket), lease)
-redis.call('ZADD', qexp, int(now + ttl_us), lease)
-tidy(qexp, queue)
+redis.call('ZADD', qexp, int(now + queue_ttl_us), lease)
+tidy(qexp, queue, 1000)
 return {QUEUED}

@@ -1,7 +1,10 @@
 -- Shared by every limiter script (prepended to each). Data of one API key, all in one
 -- cluster slot through the hash tag `{key_id}`:
 --   run     ZSET lease -> expiry (µs)          running slots
---   grants  HASH lease -> "YYYY-MM reserved"   the budget reservation of each running slot
+--   grants  HASH lease -> "YYYY-MM reserved"   the budget reservation of each running slot;
+--                '~'..lease -> "YYYY-MM reserved lapsed_at"  a slot whose lease lapsed
+--                (its replica died, or Redis stood still past the TTL): its reservation
+--                still counts, and a late finish still settles it, for LAPSED_KEEP_US
 --   queue   ZSET lease -> ticket               waiting leases, in arrival order
 --   qexp    ZSET lease -> expiry (µs)          when each queue place lapses
 --   used    STRING                             used tokens of the key in one month
@@ -11,6 +14,11 @@
 -- Reply codes (first element of every reply); mirrored in redis.rs.
 local RUNNING, QUEUED, RATE_LIMITED, QUEUE_FULL, BUDGET, SEED, WAIT, GONE, DONE =
   0, 1, 2, 3, 4, 5, 6, 7, 8
+
+-- How long the reservation of a lapsed slot keeps counting (µs), waiting for a late
+-- finish or renew. A replica that died never sends either: its reservations come back
+-- after this, its slots at once.
+local LAPSED_KEEP_US = 120 * 1000000
 
 -- Writes after TIME need effects replication (the default since Redis 5; a no-op there).
 if redis.replicate_commands then redis.replicate_commands() end
@@ -25,13 +33,29 @@ local function int(x)
   return string.format('%.0f', x)
 end
 
--- Removes running slots (with their reservations) and queue places whose lease lapsed.
--- Returns how many it removed.
+-- Lets `key` expire at `at_ms` (Unix ms) unless it is already set to live longer.
+local function expire_no_sooner(key, at_ms)
+  local ttl = redis.call('PTTL', key)
+  if ttl == -1 then
+    redis.call('PEXPIREAT', key, int(at_ms))
+  elseif ttl >= 0 then
+    redis.call('PEXPIREAT', key, int(at_ms), 'GT')
+  end
+end
+
+-- Removes running slots and queue places whose lease lapsed; a lapsed slot's
+-- reservation is kept aside as '~'..lease (see LAPSED_KEEP_US). Returns how many it
+-- removed.
 local function purge(run, grants, queue, qexp, now)
   local n = 0
   for _, lease in ipairs(redis.call('ZRANGEBYSCORE', run, '-inf', int(now))) do
     redis.call('ZREM', run, lease)
+    local grant = redis.call('HGET', grants, lease)
     redis.call('HDEL', grants, lease)
+    if grant then
+      redis.call('HSET', grants, '~' .. lease, grant .. ' ' .. int(now))
+      expire_no_sooner(grants, math.floor(now / 1000) + LAPSED_KEEP_US / 1000 + 1000)
+    end
     n = n + 1
   end
   for _, lease in ipairs(redis.call('ZRANGEBYSCORE', qexp, '-inf', int(now))) do
@@ -42,24 +66,33 @@ local function purge(run, grants, queue, qexp, now)
   return n
 end
 
--- Lets a lease set and its companion vanish 1 s after their last lease lapses, so an
--- idle key leaves nothing behind.
-local function tidy(expiries, companion)
+-- Lets a lease set and its companion vanish after their last lease lapses (the set 1 s
+-- after, the companion `keep_ms` after), so an idle key leaves nothing behind.
+local function tidy(expiries, companion, keep_ms)
   local last = redis.call('ZRANGE', expiries, -1, -1, 'WITHSCORES')
   if last[2] then
-    local at = int(math.floor(tonumber(last[2]) / 1000) + 1000)
-    redis.call('PEXPIREAT', expiries, at)
-    redis.call('PEXPIREAT', companion, at)
+    local at = math.floor(tonumber(last[2]) / 1000)
+    redis.call('PEXPIREAT', expiries, int(at + 1000))
+    expire_no_sooner(companion, at + keep_ms)
   end
 end
 
--- Tokens reserved by running slots against `month`.
-local function reserved_in(grants, month)
+-- tidy for the running slots: the grants outlive them by LAPSED_KEEP_US.
+local function tidy_run(run, grants)
+  tidy(run, grants, LAPSED_KEEP_US / 1000 + 1000)
+end
+
+-- Tokens reserved against `month` by running slots and by lapsed ones still kept
+-- (dropping those kept long enough).
+local function reserved_in(grants, month, now)
   local sum = 0
   local all = redis.call('HGETALL', grants)
   for i = 2, #all, 2 do
-    local m, n = string.match(all[i], '^(%S+) (%d+)$')
-    if m == month then
+    local field = all[i - 1]
+    local m, n, lapsed_at = string.match(all[i], '^(%S+) (%d+) ?(%d*)$')
+    if string.sub(field, 1, 1) == '~' and now - (tonumber(lapsed_at) or 0) > LAPSED_KEEP_US then
+      redis.call('HDEL', grants, field)
+    elseif m == month then
       sum = sum + tonumber(n)
     end
   end
@@ -71,7 +104,7 @@ end
 local function start(run, grants, used_key, lease, month, budget, prompt, fan_out,
                      max_tokens, now, ttl_us)
   local used = tonumber(redis.call('GET', used_key) or 0)
-  local reserved = reserved_in(grants, month)
+  local reserved = reserved_in(grants, month, now)
   local available = math.max(budget - used - reserved, 0)
   local fit = 0
   if available >= prompt then
@@ -83,6 +116,6 @@ local function start(run, grants, used_key, lease, month, budget, prompt, fan_ou
   local hold = prompt + fan_out * fit
   redis.call('ZADD', run, int(now + ttl_us), lease)
   redis.call('HSET', grants, lease, month .. ' ' .. int(hold))
-  tidy(run, grants)
+  tidy_run(run, grants)
   return {RUNNING, fit, hold}
 end

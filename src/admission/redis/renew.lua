@@ -1,4 +1,6 @@
--- renew: extends the lease of a running slot (and its reservation) or a queue place.
+-- renew: extends the lease of a running slot (and its reservation). A slot that lapsed
+-- while its request was still running (Redis stood still past the TTL, or renewals
+-- were late) is taken back: the request is running, so it holds a slot.
 -- KEYS: run grants queue qexp
 -- ARGV: lease ttl_ms channel key_id
 local run, grants, queue, qexp = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -9,8 +11,23 @@ if purge(run, grants, queue, qexp, now) > 0 then
   redis.call('PUBLISH', channel, key_id)
 end
 local until_ = int(now + ttl_us)
-local found = redis.call('ZADD', run, 'XX', 'CH', until_, lease)
-  + redis.call('ZADD', qexp, 'XX', 'CH', until_, lease)
-tidy(run, grants)
-tidy(qexp, queue)
+local found = 0
+if redis.call('ZSCORE', run, lease) then
+  redis.call('ZADD', run, 'XX', until_, lease)
+  found = 1
+elseif redis.call('HEXISTS', grants, lease) == 1 then
+  -- The slot set expired whole while Redis stood still; the reservation is still here.
+  redis.call('ZADD', run, until_, lease)
+  found = 1
+else
+  local lapsed = redis.call('HGET', grants, '~' .. lease)
+  if lapsed then
+    local month, reserved = string.match(lapsed, '^(%S+) (%d+)')
+    redis.call('HDEL', grants, '~' .. lease)
+    redis.call('HSET', grants, lease, month .. ' ' .. reserved)
+    redis.call('ZADD', run, until_, lease)
+    found = 1
+  end
+end
+tidy_run(run, grants)
 return {DONE, found}

@@ -3,12 +3,13 @@
 -- caller's queue place alive.
 -- KEYS: run grants queue qexp used
 -- ARGV: max_concurrent budget prompt fan_out max_tokens lease month ttl_ms channel key_id
+--       queue_ttl_ms
 local run, grants, queue, qexp, used = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local max_concurrent = tonumber(ARGV[1])
 local budget, prompt, fan_out, max_tokens =
   tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local lease, month, ttl_us = ARGV[6], ARGV[7], tonumber(ARGV[8]) * 1000
-local channel, key_id = ARGV[9], ARGV[10]
+local channel, key_id, queue_ttl_us = ARGV[9], ARGV[10], tonumber(ARGV[11]) * 1000
 
 local now = now_us()
 if purge(run, grants, queue, qexp, now) > 0 then
@@ -19,9 +20,9 @@ local expiry = redis.call('ZSCORE', qexp, lease)
 if not expiry then
   return {GONE}
 end
-if tonumber(expiry) - now < ttl_us / 2 then
-  redis.call('ZADD', qexp, int(now + ttl_us), lease)
-  tidy(qexp, queue)
+if tonumber(expiry) - now < queue_ttl_us / 2 then
+  redis.call('ZADD', qexp, int(now + queue_ttl_us), lease)
+  tidy(qexp, queue, 1000)
 end
 
 if redis.call('ZRANGE', queue, 0, 0)[1] ~= lease

@@ -4,11 +4,12 @@
 local run, grants, queue, qexp, used = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local month, channel, key_id = ARGV[1], ARGV[2], ARGV[3]
 
-if purge(run, grants, queue, qexp, now_us()) > 0 then
+local now = now_us()
+if purge(run, grants, queue, qexp, now) > 0 then
   redis.call('PUBLISH', channel, key_id)
 end
 local count = redis.call('GET', used)
 if not count then
   return {SEED}
 end
-return {DONE, tonumber(count), reserved_in(grants, month)}
+return {DONE, tonumber(count), reserved_in(grants, month, now)}
