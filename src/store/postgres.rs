@@ -47,7 +47,7 @@ impl PostgresStore {
     }
 }
 
-impl_store!(PostgresStore {
+impl_store!(PostgresStore, sqlx::Postgres {
     async fn append_request_log(&self, rows: &[RequestLogRow]) -> Result<(), StoreError> {
         if rows.is_empty() {
             return Ok(());

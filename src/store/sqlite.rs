@@ -22,6 +22,10 @@ static MIGRATOR: Migrator = sqlx::migrate!("migrations/sqlite");
 /// How long a statement waits for another connection's (or process's) write lock
 /// before failing with "database is locked".
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Page cache per connection: negative means KiB (32 MiB).
+const CACHE_SIZE_PRAGMA: &str = "-32768";
+/// Bytes of the database file mapped into memory (at most; the file may be smaller).
+const MMAP_SIZE: u64 = 256 << 20;
 /// Connections to a file database. WAL lets readers run beside the one writer.
 const FILE_POOL_SIZE: u32 = 4;
 /// Opening a fresh file races when two processes (the server and the CLI) do it at
@@ -67,6 +71,13 @@ impl SqliteStore {
                 // In WAL mode NORMAL cannot corrupt the database; a power loss may drop
                 // the last commits, which a gateway's key/usage data can afford.
                 .synchronous(SqliteSynchronous::Normal)
+                // The ledger's and the request log's unique request-id indexes take
+                // inserts at random places: with SQLite's default 2 MiB page cache a
+                // grown database reads pages back on every commit (measured: a third
+                // fewer requests per second at 280,000 rows). Keep the hot pages in
+                // memory, and map the file rather than read it.
+                .pragma("cache_size", CACHE_SIZE_PRAGMA)
+                .pragma("mmap_size", MMAP_SIZE.to_string())
         };
 
         let mut pauses = Backoff::new(OPEN_RETRY_DELAY, OPEN_RETRY_DELAY * 8).pauses();
@@ -146,38 +157,40 @@ fn is_busy(err: &sqlx::Error) -> bool {
         .is_some_and(|code| matches!(code & 0xff, 5 | 6))
 }
 
-impl_store!(SqliteStore {
+impl_store!(SqliteStore, sqlx::Sqlite {
     async fn append_request_log(&self, rows: &[RequestLogRow]) -> Result<(), StoreError> {
         if rows.is_empty() {
             return Ok(());
         }
-        // One prepared statement (cached on the connection), one transaction: in-process
-        // inserts cost microseconds, the commit is the only sync.
+        // Multi-row INSERTs in one transaction: a statement per 64 rows, the commit the
+        // only sync.
         let mut tx = self.pool.begin().await?;
-        for row in rows {
-            let columns = LogColumns::encode(row);
-            sqlx::query(concat!(
+        for chunk in rows.chunks(super::shared::ROWS_PER_INSERT) {
+            let mut insert = sqlx::QueryBuilder::<sqlx::Sqlite>::new(concat!(
                 "INSERT INTO request_log (",
                 request_log_columns!(),
-                ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ",
-                "ON CONFLICT (request_id) DO NOTHING"
-            ))
-            .bind(&row.request_id)
-            .bind(row.created_at_ms)
-            .bind(row.key_id)
-            .bind(row.key_prefix.as_deref())
-            .bind(row.email.as_deref())
-            .bind(columns.client_ip)
-            .bind(&row.endpoint)
-            .bind(row.model.as_deref())
-            .bind(columns.prompt_tokens)
-            .bind(columns.completion_tokens)
-            .bind(columns.status)
-            .bind(row.error_code.as_deref())
-            .bind(columns.latency_ms)
-            .bind(row.workload.as_deref())
-            .execute(&mut *tx)
-            .await?;
+                ") "
+            ));
+            insert.push_values(chunk, |mut values, row| {
+                let columns = LogColumns::encode(row);
+                values
+                    .push_bind(row.request_id.as_str())
+                    .push_bind(row.created_at_ms)
+                    .push_bind(row.key_id)
+                    .push_bind(row.key_prefix.as_deref())
+                    .push_bind(row.email.as_deref())
+                    .push_bind(columns.client_ip)
+                    .push_bind(row.endpoint.as_str())
+                    .push_bind(row.model.as_deref())
+                    .push_bind(columns.prompt_tokens)
+                    .push_bind(columns.completion_tokens)
+                    .push_bind(columns.status)
+                    .push_bind(row.error_code.as_deref())
+                    .push_bind(columns.latency_ms)
+                    .push_bind(row.workload.as_deref());
+            });
+            insert.push(" ON CONFLICT (request_id) DO NOTHING");
+            insert.build().execute(&mut *tx).await?;
         }
         tx.commit().await?;
         Ok(())
