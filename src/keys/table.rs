@@ -4,9 +4,11 @@
 //! - **Loaded** whole at start ([`KeyTable::load`]).
 //! - **Followed**: [`KeyTable::follow`] reads the store's change feed
 //!   ([`Store::keys_changed_since`]: the keys changed after the last change number
-//!   seen) every [`FOLLOW_EVERY`], so a key created, revoked or re-limited by another
-//!   process (the CLI, another replica) takes effect here within that period. The
-//!   process that makes a change pulls it at once ([`KeyTable::pull`]).
+//!   seen) at once when the store signals a change (PostgreSQL's LISTEN/NOTIFY) and
+//!   every [`FOLLOW_EVERY`] in any case, so a key created, revoked or re-limited by
+//!   another process (the CLI, another replica) takes effect here at once, or within
+//!   that period when a signal is missed (SQLite has none). The process that makes a
+//!   change pulls it at once ([`KeyTable::pull`]).
 //! - **Misses** (a prefix not in the table: a key created elsewhere a moment ago, or no
 //!   key at all) pull the feed before answering, but never more than one pull at a
 //!   time and never closer together than [`MISS_PULL_SPACING`]: a flood of unknown
@@ -21,6 +23,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use futures_util::StreamExt as _;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -28,6 +31,9 @@ use crate::store::{KeyRecord, Store, StoreError};
 
 /// How often [`KeyTable::follow`] reads the change feed.
 pub const FOLLOW_EVERY: Duration = Duration::from_millis(250);
+/// How long the follow loop waits before listening again for a store's change
+/// signals after it could not (or the signals ended).
+const LISTEN_AGAIN_AFTER: Duration = Duration::from_secs(5);
 /// The least time between two pulls made for misses.
 pub const MISS_PULL_SPACING: Duration = Duration::from_millis(50);
 
@@ -104,12 +110,34 @@ impl KeyTable {
         }
     }
 
-    /// Pulls the change feed every [`FOLLOW_EVERY`] until `stop`; the table keeps
-    /// answering from memory while the store is away.
+    /// Pulls the change feed every [`FOLLOW_EVERY`], and at once on each signal of a
+    /// store that announces changes, until `stop`; the table keeps answering from memory
+    /// while the store is away.
     pub async fn follow(self: Arc<Self>, stop: CancellationToken) {
         let mut ticks = tokio::time::interval(FOLLOW_EVERY);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        while stop.run_until_cancelled(ticks.tick()).await.is_some() {
+        let mut signals = None;
+        let mut listen_again = Instant::now();
+        loop {
+            if signals.is_none() && Instant::now() >= listen_again {
+                signals = self.store.key_change_signals().await;
+                listen_again = Instant::now() + LISTEN_AGAIN_AFTER;
+            }
+            let signal = async {
+                match signals.as_mut() {
+                    Some(signals) => signals.next().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = ticks.tick() => {}
+                signal = signal => {
+                    if signal.is_none() {
+                        signals = None;
+                    }
+                }
+            }
             let _ = self.pull().await;
         }
     }

@@ -39,7 +39,8 @@ mod sqlite;
 
 pub use postgres::PostgresStore;
 pub use records::{
-    KeyChange, KeyRecord, LimitOverrides, LimitUpdate, RequestLogRow, Store, StoreError, UsageRow,
+    KeyChange, KeyRecord, KeySignals, LimitOverrides, LimitUpdate, RequestLogRow, Store,
+    StoreError, UsageRow,
 };
 pub use sqlite::SqliteStore;
 

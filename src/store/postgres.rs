@@ -10,14 +10,19 @@ use super::columns::{
     KeySelector, LimitColumns, LogColumns, UpdateColumns, UsageColumns, convert, insert_error,
     now_unix,
 };
+use futures_util::StreamExt as _;
+
 use super::records::{
-    KeyChange, KeyRecord, LimitOverrides, LimitUpdate, RequestLogRow, Store, StoreError, UsageRow,
+    KeyChange, KeyRecord, KeySignals, LimitOverrides, LimitUpdate, RequestLogRow, Store,
+    StoreError, UsageRow,
 };
 use crate::keys::NewKey;
 
 static MIGRATOR: Migrator = sqlx::migrate!("migrations/postgres");
 
 const POOL_SIZE: u32 = 10;
+/// The channel the key feed trigger (migration 0003) notifies.
+const KEY_FEED_CHANNEL: &str = "fleetgate_keys";
 /// How long a query waits for a free connection before failing (so a health check on
 /// an unreachable database answers instead of hanging).
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -48,6 +53,18 @@ impl PostgresStore {
 }
 
 impl_store!(PostgresStore, sqlx::Postgres {
+    async fn key_change_signals(&self) -> Option<KeySignals> {
+        let mut listener = sqlx::postgres::PgListener::connect_with(&self.pool).await.ok()?;
+        listener.listen(KEY_FEED_CHANNEL).await.ok()?;
+        // Ends at the first error (a lost connection): the table polls meanwhile and
+        // listens again later.
+        let signals = listener
+            .into_stream()
+            .take_while(|notification| std::future::ready(notification.is_ok()))
+            .map(|_| ());
+        Some(Box::pin(signals))
+    }
+
     async fn append_request_log(&self, rows: &[RequestLogRow]) -> Result<(), StoreError> {
         if rows.is_empty() {
             return Ok(());

@@ -33,6 +33,9 @@ pub struct KeyChange {
     pub seq: i64,
 }
 
+/// See [`Store::key_change_signals`].
+pub type KeySignals = std::pin::Pin<Box<dyn futures_util::Stream<Item = ()> + Send>>;
+
 /// A key's own limits; `None` means the configured default applies.
 ///
 /// Stored values are bounded as [`crate::keys::Limit`] says: `requests_per_minute` and
@@ -137,6 +140,15 @@ pub trait Store: Send + Sync + 'static {
     /// `since`, in change order; `since = 0`: all keys. What a server's key table reads
     /// at start and then polls; one range scan on an index.
     async fn keys_changed_since(&self, since: i64) -> Result<Vec<KeyChange>, StoreError>;
+
+    /// A signal each time key changes are committed, for a backend that announces them
+    /// (PostgreSQL: `NOTIFY fleetgate_keys` from the key feed trigger), so that a key
+    /// table pulls at once rather than at its next poll; `None`: poll only (SQLite, or
+    /// the database cannot be reached now). The stream ends when its connection is
+    /// lost; a notification missed meanwhile is caught by the poll.
+    async fn key_change_signals(&self) -> Option<KeySignals> {
+        None
+    }
 
     /// All keys, revoked ones included, oldest first.
     async fn list_keys(&self) -> Result<Vec<KeyRecord>, StoreError>;

@@ -1495,3 +1495,27 @@ fn with_database_replaces_the_path() {
     );
     assert_eq!(with_database("postgresql://h", "x"), "postgresql://h/x");
 }
+
+/// PostgreSQL announces key changes (the key feed trigger's NOTIFY): a signal arrives
+/// for a key created through another connection. SQLite announces nothing.
+#[tokio::test]
+#[ignore = "needs PostgreSQL (set TEST_POSTGRES_URL)"]
+async fn postgres_signals_key_changes() {
+    use futures_util::StreamExt as _;
+    let db = TestDb::postgres().await;
+    let listening = db.store().await;
+    let mut signals = listening
+        .key_change_signals()
+        .await
+        .expect("PostgreSQL listens");
+    let elsewhere = db.store().await;
+    elsewhere
+        .create_key("k", None, &keys::generate(), DEFAULTS)
+        .await
+        .unwrap();
+    let signal = tokio::time::timeout(Duration::from_secs(5), signals.next()).await;
+    assert_eq!(signal.expect("a signal within 5 s"), Some(()));
+
+    let sqlite = TestDb::sqlite();
+    assert!(sqlite.store().await.key_change_signals().await.is_none());
+}
