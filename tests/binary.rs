@@ -36,7 +36,14 @@ fn write_config(dir: &Path, upstream: &str) -> std::path::PathBuf {
 
 /// `fleetgate keys create --name NAME`: the secret, alone on the last line of stdout.
 fn create_key(config: &Path, name: &str) -> String {
-    let created = fleetgate(config, &["keys", "create", "--name", name]);
+    create_key_with(config, name, &[])
+}
+
+/// [`create_key`] with more flags (limits).
+fn create_key_with(config: &Path, name: &str, flags: &[&str]) -> String {
+    let mut args = vec!["keys", "create", "--name", name];
+    args.extend_from_slice(flags);
+    let created = fleetgate(config, &args);
     let stdout = String::from_utf8(created.stdout).unwrap();
     stdout.trim_end().lines().last().unwrap().to_owned()
 }
@@ -631,21 +638,11 @@ async fn sigkill_loses_only_the_last_moments_of_usage_and_sigterm_none() {
     let dir = tempfile::tempdir().unwrap();
     let (_mock, upstream) = start_mock(0);
     let config = write_config(dir.path(), &upstream);
-    let created = fleetgate(
+    let secret = create_key_with(
         &config,
-        &[
-            "keys",
-            "create",
-            "--name",
-            "load",
-            "--rpm",
-            "10000000",
-            "--max-concurrent",
-            "64",
-        ],
+        "load",
+        &["--rpm", "10000000", "--max-concurrent", "64"],
     );
-    let secret = String::from_utf8(created.stdout).unwrap();
-    let secret = secret.trim_end().lines().last().unwrap().to_owned();
     let db = dir.path().join("fg.db");
 
     // SIGKILL while 8 clients keep it busy.

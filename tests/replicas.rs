@@ -141,6 +141,42 @@ async fn rename(database: &FreshDatabase, from: &str, to: &str) {
     panic!("could not rename {from} to {to}: {last}");
 }
 
+/// The Redis-outage tests' setting: one gateway's config over a SQLite store, a Redis
+/// on a free port that the test starts (and kills, pauses, restarts) itself, mock-vllm
+/// at `token_delay_ms`, and a key with `key_limits`.
+struct OneGateway {
+    port: u16,
+    config: PathBuf,
+    api: Api,
+    _mock: MockNode,
+    _dir: tempfile::TempDir,
+}
+
+impl OneGateway {
+    fn new(test: &str, token_delay_ms: u64, key_limits: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let (mock, upstream) = start_mock(token_delay_ms);
+        let database_url = format!("sqlite://{}/fg.db", dir.path().display());
+        let prefix = format!("fleetgate-test:{test}:{}", uuid::Uuid::new_v4().simple());
+        let config = write_config(
+            dir.path(),
+            &database_url,
+            &format!("redis://127.0.0.1:{port}"),
+            &prefix,
+            &upstream,
+        );
+        let api = Api::new(create_key(&config, key_limits));
+        Self {
+            port,
+            config,
+            api,
+            _mock: mock,
+            _dir: dir,
+        }
+    }
+}
+
 /// A TCP port that was free a moment ago.
 fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -839,26 +875,16 @@ fn stream_usage(body: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs redis-server on PATH"]
 async fn a_gateway_rides_out_redis_going_away() {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let (_mock, upstream) = start_mock(20);
-    let database_url = format!("sqlite://{}/fg.db", dir.path().display());
-    let prefix = format!("fleetgate-test:restart:{}", uuid::Uuid::new_v4().simple());
-    let config = write_config(
-        dir.path(),
-        &database_url,
-        &format!("redis://127.0.0.1:{port}"),
-        &prefix,
-        &upstream,
-    );
-    let api = Api::new(create_key(
-        &config,
+    let setup = OneGateway::new(
+        "restart",
+        20,
         &["--max-concurrent", "1", "--max-queued", "1"],
-    ));
+    );
+    let (port, config, api) = (setup.port, &setup.config, setup.api.clone());
     let quick = json!({"model": MODEL, "prompt": [1, 2, 3, 4], "max_tokens": 2});
 
     // The gateway starts while Redis is down, and refuses what needs the counters.
-    let (_gateway, url) = serve(&config, "gateway");
+    let (_gateway, url) = serve(config, "gateway");
     expect_admission_unavailable(&api, &url, &quick).await;
 
     let mut redis = RedisServer::start(port).await;
@@ -940,22 +966,11 @@ fn signal(redis: &RedisServer, name: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs redis-server on PATH"]
 async fn a_frozen_redis_leaves_no_phantom_slots() {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let (_mock, upstream) = start_mock(0);
-    let database_url = format!("sqlite://{}/fg.db", dir.path().display());
-    let prefix = format!("fleetgate-test:freeze:{}", uuid::Uuid::new_v4().simple());
-    let config = write_config(
-        dir.path(),
-        &database_url,
-        &format!("redis://127.0.0.1:{port}"),
-        &prefix,
-        &upstream,
-    );
-    let api = Api::new(create_key(&config, &["--max-concurrent", "1"]));
+    let setup = OneGateway::new("freeze", 0, &["--max-concurrent", "1"]);
+    let (port, config, api) = (setup.port, &setup.config, setup.api.clone());
     let quick = json!({"model": MODEL, "prompt": [1, 2, 3, 4], "max_tokens": 2});
     let redis = RedisServer::start(port).await;
-    let (_gateway, url) = serve(&config, "gateway");
+    let (_gateway, url) = serve(config, "gateway");
     until_admitted(&api, &url, &quick).await;
 
     signal(&redis, "STOP");
@@ -983,21 +998,10 @@ async fn a_frozen_redis_leaves_no_phantom_slots() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs redis-server on PATH"]
 async fn settlements_during_a_redis_freeze_are_not_lost() {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let (_mock, upstream) = start_mock(20);
-    let database_url = format!("sqlite://{}/fg.db", dir.path().display());
-    let prefix = format!("fleetgate-test:settle:{}", uuid::Uuid::new_v4().simple());
-    let config = write_config(
-        dir.path(),
-        &database_url,
-        &format!("redis://127.0.0.1:{port}"),
-        &prefix,
-        &upstream,
-    );
-    let api = Api::new(create_key(&config, &["--max-concurrent", "4"]));
+    let setup = OneGateway::new("settle", 20, &["--max-concurrent", "4"]);
+    let (port, config, api) = (setup.port, &setup.config, setup.api.clone());
     let redis = RedisServer::start(port).await;
-    let (_gateway, url) = serve(&config, "gateway");
+    let (_gateway, url) = serve(config, "gateway");
     let quick = json!({"model": MODEL, "prompt": [1, 2, 3, 4], "max_tokens": 2});
     let (mut told, _) = until_admitted(&api, &url, &quick).await;
 
@@ -1035,7 +1039,7 @@ async fn settlements_during_a_redis_freeze_are_not_lost() {
         .await;
     assert_eq!(usage["used"], told, "{usage}");
     let ledger: Value = serde_json::from_str(&fleetgate(
-        &config,
+        config,
         &["keys", "usage", &api.key[..12], "--json"],
     ))
     .unwrap();
