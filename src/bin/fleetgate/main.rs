@@ -173,7 +173,7 @@ async fn main() -> anyhow::Result<()> {
     match Args::parse().command {
         Command::Serve { config } => {
             let config = config.load()?;
-            server::init_logging(config.log_format);
+            let _log = server::init_logging(config.log_format);
             let listener = tokio::net::TcpListener::bind(config.listen)
                 .await
                 .with_context(|| format!("binding {}", config.listen))?;

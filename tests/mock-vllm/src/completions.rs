@@ -137,7 +137,11 @@ async fn respond(
     }
 
     let longest = choices.iter().map(|(_, g)| g.ids.len()).max().unwrap_or(0) as u32;
-    tokio::time::sleep(pace.first + pace.between * longest.saturating_sub(1)).await;
+    let generation = pace.first + pace.between * longest.saturating_sub(1);
+    // A zero sleep still waits for the timer's next 1 ms tick: skip it, as the stream does.
+    if !generation.is_zero() {
+        tokio::time::sleep(generation).await;
+    }
     let prompt_tokens: usize = plan.prompts.iter().map(|p| p.ids.len()).sum();
     let completion_tokens: usize = choices.iter().map(|(_, g)| g.ids.len()).sum();
     let usage = json!({
