@@ -811,6 +811,67 @@ async fn leases_of_a_crashed_replica_expire(fx: Fixture) {
     healthy.finish(1, "behind", &behind, 1).await.unwrap();
 }
 
+/// A crashed replica's slot set can expire whole (1 s after its last lease) before any
+/// script purges it, leaving the reservation without its slot. The next look at the
+/// key sets it aside as lapsed — still counted, and dropped after the lapse window —
+/// rather than counting it for as long as the key stays busy.
+async fn a_reservation_left_without_its_slot_set_is_set_aside(fx: Fixture) {
+    let short = RedisLimiterOptions {
+        lease_ttl: Duration::from_millis(100),
+        ..RedisLimiterOptions::default()
+    };
+    let limits = limits(1000, 600, 1, 4);
+    let each = cost(10, 1, 90);
+    let crashed = fx.redis_limiter(short);
+    let lost = running(crashed.admit(1, &limits, &each, "lost").await);
+    drop(crashed);
+    let mut redis = fx.redis_connection().unwrap();
+    let run = fx
+        .redis_keys(&mut redis)
+        .into_iter()
+        .find(|k| k.ends_with(":run"))
+        .unwrap();
+    // Nothing touches the key until its slot set has expired (the fault simulated).
+    let gone = timeout(Duration::from_secs(5), async {
+        while redis::cmd("EXISTS")
+            .arg(&run)
+            .query::<i64>(&mut redis)
+            .unwrap()
+            == 1
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    gone.await.expect("the slot set expires");
+
+    let healthy = fx.limiter();
+    assert_eq!(
+        healthy.usage(1, lost.month).await.unwrap(),
+        Usage {
+            used: 0,
+            reserved: lost.reserved
+        }
+    );
+    let grants: Vec<String> = redis::cmd("HKEYS")
+        .arg(run.replace(":run", ":grants"))
+        .query(&mut redis)
+        .unwrap();
+    assert_eq!(
+        grants,
+        ["~lost"],
+        "set aside as lapsed, to be dropped in time"
+    );
+    // And a late finish still settles it, once.
+    healthy.finish(1, "lost", &lost, 30).await.unwrap();
+    assert_eq!(
+        healthy.usage(1, lost.month).await.unwrap(),
+        Usage {
+            used: 30,
+            reserved: 0
+        }
+    );
+}
+
 async fn expect_unavailable<T: Debug>(what: &str, call: impl Future<Output = Result<T, Denial>>) {
     let started = Instant::now();
     let outcome = timeout(Duration::from_secs(3), call)
@@ -1051,5 +1112,6 @@ limiter_tests! {
     redis_only: [
         waiters_wake_across_replicas,
         leases_of_a_crashed_replica_expire,
+        a_reservation_left_without_its_slot_set_is_set_aside,
     ],
 }

@@ -34,12 +34,16 @@ local function int(x)
 end
 
 -- Lets `key` expire at `at_ms` (Unix ms) unless it is already set to live longer.
+-- (Compared here rather than with PEXPIREAT's GT flag, which needs Redis 7.)
 local function expire_no_sooner(key, at_ms)
   local ttl = redis.call('PTTL', key)
-  if ttl == -1 then
+  if ttl == -2 then
+    return
+  end
+  local t = redis.call('TIME')
+  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if ttl == -1 or now_ms + ttl < at_ms then
     redis.call('PEXPIREAT', key, int(at_ms))
-  elseif ttl >= 0 then
-    redis.call('PEXPIREAT', key, int(at_ms), 'GT')
   end
 end
 
@@ -83,17 +87,29 @@ local function tidy_run(run, grants)
 end
 
 -- Tokens reserved against `month` by running slots and by lapsed ones still kept
--- (dropping those kept long enough).
-local function reserved_in(grants, month, now)
+-- (dropping those kept long enough). A reservation whose slot is gone without a purge
+-- having seen it (the slot set expired whole while Redis stood still) is set aside as
+-- lapsed now, so that it too is dropped once kept long enough.
+local function reserved_in(run, grants, month, now)
   local sum = 0
   local all = redis.call('HGETALL', grants)
   for i = 2, #all, 2 do
-    local field = all[i - 1]
-    local m, n, lapsed_at = string.match(all[i], '^(%S+) (%d+) ?(%d*)$')
-    if string.sub(field, 1, 1) == '~' and now - (tonumber(lapsed_at) or 0) > LAPSED_KEEP_US then
-      redis.call('HDEL', grants, field)
-    elseif m == month then
-      sum = sum + tonumber(n)
+    local field, value = all[i - 1], all[i]
+    local m, n, lapsed_at = string.match(value, '^(%S+) (%d+) ?(%d*)$')
+    if string.sub(field, 1, 1) == '~' then
+      if now - (tonumber(lapsed_at) or 0) > LAPSED_KEEP_US then
+        redis.call('HDEL', grants, field)
+      elseif m == month then
+        sum = sum + tonumber(n)
+      end
+    else
+      if not redis.call('ZSCORE', run, field) then
+        redis.call('HDEL', grants, field)
+        redis.call('HSET', grants, '~' .. field, value .. ' ' .. int(now))
+      end
+      if m == month then
+        sum = sum + tonumber(n)
+      end
     end
   end
   return sum
@@ -104,7 +120,7 @@ end
 local function start(run, grants, used_key, lease, month, budget, prompt, fan_out,
                      max_tokens, now, ttl_us)
   local used = tonumber(redis.call('GET', used_key) or 0)
-  local reserved = reserved_in(grants, month, now)
+  local reserved = reserved_in(run, grants, month, now)
   local available = math.max(budget - used - reserved, 0)
   local fit = 0
   if available >= prompt then

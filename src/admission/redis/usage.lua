@@ -12,4 +12,4 @@ local count = redis.call('GET', used)
 if not count then
   return {SEED}
 end
-return {DONE, tonumber(count), reserved_in(grants, month, now)}
+return {DONE, tonumber(count), reserved_in(run, grants, month, now)}
