@@ -28,6 +28,12 @@ use crate::backoff::Backoff;
 use crate::batching::{self, Batching, Message, Sink};
 use crate::store::{Store, StoreError, UsageRow};
 
+/// After the close deadline, how long the writer gets to stop before it is aborted.
+const CLOSE_AFTER_GIVING_UP: Duration = Duration::from_secs(1);
+/// The longest [`Ledger::flush_within`] callers wait (seeding a counter from the
+/// ledger): beyond it, the store is taken as away.
+pub const FLUSH_WAIT: Duration = Duration::from_secs(2);
+
 /// Tuning of the writer; [`Default`] is what the gateway uses.
 #[derive(Debug, Clone)]
 pub struct LedgerConfig {
@@ -139,6 +145,12 @@ impl Ledger {
         self.0.counters.pending.load(Ordering::Acquire) >= self.0.backlog_limit
     }
 
+    /// [`Ledger::flush`], given up after `limit`: whether everything recorded before
+    /// the call was committed in time.
+    pub async fn flush_within(&self, limit: Duration) -> bool {
+        tokio::time::timeout(limit, self.flush()).await.is_ok()
+    }
+
     /// Resolves once every row recorded before the call has been committed (waiting
     /// for as long as the store is away), or at once when the ledger is closed.
     pub async fn flush(&self) {
@@ -157,8 +169,15 @@ impl Ledger {
         if let Some(mut handle) = writer.take() {
             let finished = tokio::time::timeout(deadline, &mut handle).await.is_ok();
             if !finished {
+                // No attempt starts after this and the one under way is dropped, so the
+                // writer ends promptly; the abort is for a writer that still does not.
                 self.0.give_up.cancel();
-                let _ = handle.await;
+                if tokio::time::timeout(CLOSE_AFTER_GIVING_UP, &mut handle)
+                    .await
+                    .is_err()
+                {
+                    handle.abort();
+                }
                 tracing::error!(
                     rows = self.0.counters.pending.load(Ordering::Acquire),
                     "usage ledger: the store did not take the last rows before exit; they are lost"
@@ -213,12 +232,22 @@ impl Sink<UsageRow> for Writer {
 
 impl Writer {
     /// Commits `rows`, retrying until the store takes them (or the close deadline
-    /// passed: then they stay pending). `Err`: the store refused them as invalid.
+    /// passed: then they stay pending). `Err`: the store refused them as invalid (or
+    /// broke a constraint with them: retrying could never help).
     async fn commit(&self, rows: &[UsageRow]) -> Result<(), String> {
         let mut pauses = self.retry.pauses();
         let mut failures = 0u32;
         loop {
-            match self.store.record_usages(rows).await {
+            // Past the close deadline no attempt starts, and one under way is dropped:
+            // a store that does not answer must not hold the exit.
+            let Some(attempt) = self
+                .give_up
+                .run_until_cancelled(self.store.record_usages(rows))
+                .await
+            else {
+                return Ok(());
+            };
+            match attempt.map_err(refused_as_invalid) {
                 Ok(()) => {
                     self.counters
                         .pending
@@ -251,5 +280,24 @@ impl Writer {
         self.counters.pending.fetch_sub(1, Ordering::AcqRel);
         self.counters.lost.fetch_add(1, Ordering::Relaxed);
         tracing::error!(request_id = %row.request_id, %message, "usage ledger: the store refused a row; it is lost");
+    }
+}
+
+/// A database's refusal of the rows themselves (a constraint they break) as
+/// [`StoreError::Invalid`]: retrying the same rows would fail for ever and hold back
+/// every row behind them.
+fn refused_as_invalid(err: StoreError) -> StoreError {
+    match err {
+        StoreError::Database(sqlx::Error::Database(db))
+            if matches!(
+                db.kind(),
+                sqlx::error::ErrorKind::ForeignKeyViolation
+                    | sqlx::error::ErrorKind::CheckViolation
+                    | sqlx::error::ErrorKind::NotNullViolation
+            ) =>
+        {
+            StoreError::Invalid(db.message().to_owned())
+        }
+        other => other,
     }
 }

@@ -127,7 +127,8 @@ impl Settlement {
 
     /// Settles (idempotent) on a tracked task, so that it completes even when the
     /// request's own future is gone. The handle resolves once the slot is released and
-    /// the usage recorded; `None` when already settled.
+    /// the usage row queued for the ledger (or the release handed to the background
+    /// retry); `None` when already settled.
     pub fn settle(&mut self) -> Option<JoinHandle<()>> {
         if std::mem::replace(&mut self.settled, true) {
             return None;

@@ -136,3 +136,35 @@ async fn a_row_the_store_refuses_is_given_up_without_holding_back_the_others() {
     let stats = ledger.stats();
     assert_eq!((stats.written, stats.pending, stats.lost), (2, 0, 1));
 }
+
+#[tokio::test]
+async fn close_ends_within_its_deadline_while_the_store_is_away() {
+    let (_db, store, key) = setup().await;
+    let ledger = Ledger::start_with(store.clone(), config(10_000));
+    store.usage_down.store(true, Ordering::SeqCst);
+    for n in 0..10 {
+        ledger.record(row(key, n));
+    }
+    let closing = tokio::time::timeout(
+        Duration::from_secs(5),
+        ledger.close(Duration::from_millis(200)),
+    );
+    let stats = closing
+        .await
+        .expect("close returns soon after its deadline");
+    assert_eq!((stats.written, stats.pending), (0, 10));
+}
+
+#[tokio::test]
+async fn a_row_breaking_a_constraint_is_given_up_too() {
+    let (_db, store, key) = setup().await;
+    let ledger = Ledger::start_with(store.clone(), config(10_000));
+    ledger.record(row(key, 1));
+    // No such key: the foreign key refuses it, for ever.
+    ledger.record(row(key + 1_000, 2));
+    ledger.record(row(key, 3));
+    ledger.flush().await;
+    assert_eq!(store.month_usage(key, MONTH).await.unwrap(), 6);
+    let stats = ledger.stats();
+    assert_eq!((stats.written, stats.pending, stats.lost), (2, 0, 1));
+}
