@@ -34,7 +34,10 @@ async fn bounded<F: Future>(test: F) -> F::Output {
 /// A gateway in front of `nodes` (mock, GPU label, extra upstream keys), with
 /// [`FAST_FLEET`] plus `fleet` in its `[fleet]` table. `gw.mock` is the first node.
 async fn gateway(fleet: &str, nodes: &[(&MockVllm, &str, &str)]) -> Gateway {
-    Gateway::start_fleet(&format!("[fleet]\n{FAST_FLEET}\n{fleet}"), "", nodes).await
+    // A rate limit no loop of requests here can reach: these tests are about nodes.
+    let top_level =
+        format!("[fleet]\n{FAST_FLEET}\n{fleet}\n[limits]\nrequests_per_minute = 1000000\n");
+    Gateway::start_fleet(&top_level, "", nodes).await
 }
 
 /// Two equal nodes, `a` and `b`; node `a` is built from `a_config`.
