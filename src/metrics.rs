@@ -145,6 +145,8 @@ struct Inner {
     admission_refusals: Family<ReasonLabels, Counter>,
     open_connections: Gauge,
     connection_refusals: Family<ReasonLabels, Counter>,
+    ledger_pending: Gauge,
+    ledger_lost: Gauge,
 }
 
 /// 5 ms to ~5.5 min, doubling: whole requests (long generations included).
@@ -256,6 +258,18 @@ impl Metrics {
             "Client connections open now (at most connections.max_open)",
             open_connections.clone(),
         );
+        let ledger_pending = Gauge::default();
+        registry.register(
+            "ledger_pending_rows",
+            "Usage rows settled but not yet committed to the ledger (growing: the store is behind or away; at 100,000 new requests get 503 store_unavailable)",
+            ledger_pending.clone(),
+        );
+        let ledger_lost = Gauge::default();
+        registry.register(
+            "ledger_lost_rows",
+            "Usage rows the store refused (invalid, or breaking a constraint) since start; each is logged with its request id",
+            ledger_lost.clone(),
+        );
         let connection_refusals = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "connection_refusals",
@@ -293,6 +307,8 @@ impl Metrics {
             admission_refusals,
             open_connections,
             connection_refusals,
+            ledger_pending,
+            ledger_lost,
         }))
     }
 
@@ -367,6 +383,13 @@ impl Metrics {
     /// Counts a request as queued while the guard lives.
     pub fn admission_queued(&self) -> GaugeGuard {
         GaugeGuard::new(self.0.admission_queued.clone())
+    }
+
+    /// Reads the usage ledger writer's counts into their gauges; called at each scrape.
+    pub fn observe_ledger(&self, pending: u64, lost: u64) {
+        let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        self.0.ledger_pending.set(gauge(pending));
+        self.0.ledger_lost.set(gauge(lost));
     }
 
     /// Counts a client connection as open while the guard lives.

@@ -143,6 +143,8 @@ fn model_health(model: &Model, verbose: bool) -> ModelHealth {
 /// `GET /metrics`.
 pub async fn metrics(State(state): State<AppState>) -> Response {
     state.metrics().observe_fleet(state.fleet());
+    let ledger = state.ledger().stats();
+    state.metrics().observe_ledger(ledger.pending, ledger.lost);
     match state.metrics().encode() {
         Ok(text) => (
             [(

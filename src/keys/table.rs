@@ -120,7 +120,13 @@ impl KeyTable {
         let mut listen_again = Instant::now();
         loop {
             if signals.is_none() && Instant::now() >= listen_again {
-                signals = self.store.key_change_signals().await;
+                let Some(listening) = stop
+                    .run_until_cancelled(self.store.key_change_signals())
+                    .await
+                else {
+                    return;
+                };
+                signals = listening;
                 listen_again = Instant::now() + LISTEN_AGAIN_AFTER;
             }
             let signal = async {
@@ -138,7 +144,10 @@ impl KeyTable {
                     }
                 }
             }
-            let _ = self.pull().await;
+            // Ends with `stop` even while the store does not answer.
+            if stop.run_until_cancelled(self.pull()).await.is_none() {
+                return;
+            }
         }
     }
 

@@ -88,6 +88,9 @@ async fn metrics_count_requests_upstreams_and_refusals_without_keys_or_prompts()
     )
     .await;
 
+    // Every settled request's usage row committed, so the ledger gauges read 0 below.
+    gw.state.ledger().flush().await;
+
     // Scraped without a key.
     let response = gw
         .client
@@ -115,6 +118,9 @@ async fn metrics_count_requests_upstreams_and_refusals_without_keys_or_prompts()
         !text.contains("quokka"),
         "an unknown model name in the scrape"
     );
+
+    assert_eq!(get(&samples, "fleetgate_ledger_pending_rows", &[]), 0.0);
+    assert_eq!(get(&samples, "fleetgate_ledger_lost_rows", &[]), 0.0);
 
     let m = ("model", MODEL);
     let gpu = ("gpu", "gpu-a");
