@@ -4,9 +4,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::records::{
-    KeyChange, KeyRecord, LimitOverrides, LimitUpdate, RequestLogRow, StoreError, UsageRow,
-};
+use super::records::{KeyRecord, LimitOverrides, LimitUpdate, RequestLogRow, StoreError, UsageRow};
 use crate::keys::Limit;
 
 /// How `key`, `revoke_key` and `set_limits` read `id_or_prefix`: all ASCII digits is an id (prefixes start with
@@ -226,23 +224,6 @@ where
                 max_concurrent: limit("max_concurrent")?,
                 max_queued: limit("max_queued")?,
             },
-        })
-    }
-}
-
-impl<'r, R> sqlx::FromRow<'r, R> for KeyChange
-where
-    R: sqlx::Row,
-    &'r str: sqlx::ColumnIndex<R>,
-    i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
-    fn from_row(row: &'r R) -> Result<Self, sqlx::Error> {
-        Ok(Self {
-            record: KeyRecord::from_row(row)?,
-            seq: row.try_get("change_seq")?,
         })
     }
 }

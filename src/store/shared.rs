@@ -87,14 +87,22 @@ macro_rules! impl_store {
                 &self,
                 since: i64,
             ) -> Result<Vec<KeyChange>, StoreError> {
-                Ok(sqlx::query_as(concat!(
+                let rows = sqlx::query(concat!(
                     "SELECT ",
                     key_columns!(),
                     ", change_seq FROM api_keys WHERE change_seq > $1 ORDER BY change_seq"
                 ))
                 .bind(since)
                 .fetch_all(&self.pool)
-                .await?)
+                .await?;
+                rows.iter()
+                    .map(|row| {
+                        Ok(KeyChange {
+                            record: sqlx::FromRow::from_row(row)?,
+                            seq: sqlx::Row::try_get(row, "change_seq")?,
+                        })
+                    })
+                    .collect()
             }
 
             async fn list_keys(&self) -> Result<Vec<KeyRecord>, StoreError> {
