@@ -14,10 +14,13 @@
 //! - **What a crash can lose**: the rows not yet committed — in normal operation those
 //!   settled in the last `max_delay` (20 ms by default) plus the batch being written.
 //!   A clean stop loses nothing: [`Ledger::close`] writes everything first (retrying
-//!   within its deadline while the store is away).
+//!   within its deadline while the store is away). With the shared limiter, a crash
+//!   loses nothing either: Redis journals each row as it settles the counters, the
+//!   writer tells it ([`Committed`]) once the row is in the store, and the rows a dead
+//!   replica left are adopted by a live one (`admission::redis`'s journal).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -69,6 +72,16 @@ pub struct LedgerStats {
     pub lost: u64,
 }
 
+/// Told which rows the store now has (or refused for good), so that a copy kept
+/// elsewhere until then can be forgotten.
+pub trait Committed: Send + Sync + 'static {
+    /// Must not wait: called by the writer between two batches.
+    fn committed(&self, request_ids: Vec<String>);
+}
+
+/// Where the writer reports its commits, set once after start.
+type Listener = Arc<OnceLock<Arc<dyn Committed>>>;
+
 /// A handle on the ledger writer: cheap to clone, shared by every request.
 #[derive(Clone)]
 pub struct Ledger(Arc<Shared>);
@@ -81,6 +94,7 @@ struct Shared {
     /// Ends the writer's retries (the close deadline passed).
     give_up: CancellationToken,
     writer: tokio::sync::Mutex<Option<JoinHandle<()>>>,
+    listener: Listener,
 }
 
 #[derive(Default)]
@@ -103,11 +117,13 @@ impl Ledger {
         let counters = Arc::new(Counters::default());
         let stop = CancellationToken::new();
         let give_up = CancellationToken::new();
+        let listener = Listener::default();
         let writer = Writer {
             store,
             retry: config.retry,
             counters: Arc::clone(&counters),
             give_up: give_up.clone(),
+            listener: Arc::clone(&listener),
         };
         let batching = Batching {
             batch_rows: config.batch_rows,
@@ -121,7 +137,14 @@ impl Ledger {
             stop,
             give_up,
             writer: tokio::sync::Mutex::new(Some(handle)),
+            listener,
         }))
+    }
+
+    /// Reports every commit from now on to `listener` (set once; later calls are
+    /// ignored).
+    pub fn report_commits_to(&self, listener: Arc<dyn Committed>) {
+        let _ = self.0.listener.set(listener);
     }
 
     /// Queues a settled request's row and returns at once.
@@ -138,6 +161,11 @@ impl Ledger {
             };
             tracing::error!(request_id = %row.request_id, key_id = row.key_id, tokens = row.prompt_tokens + row.completion_tokens, "usage ledger: a row could not be queued (the ledger is closed or far behind); it is lost");
         }
+    }
+
+    /// Whether [`Ledger::close`] has begun (no more rows are taken).
+    pub fn is_closing(&self) -> bool {
+        self.0.stop.is_cancelled()
     }
 
     /// Whether rows waiting to be committed have reached the backlog limit.
@@ -204,6 +232,7 @@ struct Writer {
     retry: Backoff,
     counters: Arc<Counters>,
     give_up: CancellationToken,
+    listener: Listener,
 }
 
 impl Sink<UsageRow> for Writer {
@@ -255,6 +284,7 @@ impl Writer {
                     self.counters
                         .written
                         .fetch_add(rows.len() as u64, Ordering::Relaxed);
+                    self.report(rows);
                     return Ok(());
                 }
                 Err(StoreError::Invalid(message)) => return Err(message),
@@ -280,6 +310,14 @@ impl Writer {
         self.counters.pending.fetch_sub(1, Ordering::AcqRel);
         self.counters.lost.fetch_add(1, Ordering::Relaxed);
         tracing::error!(request_id = %row.request_id, %message, "usage ledger: the store refused a row; it is lost");
+        // Kept elsewhere, it would be offered to the store again and again.
+        self.report(std::slice::from_ref(row));
+    }
+
+    fn report(&self, rows: &[UsageRow]) {
+        if let Some(listener) = self.listener.get() {
+            listener.committed(rows.iter().map(|r| r.request_id.clone()).collect());
+        }
     }
 }
 

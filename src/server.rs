@@ -11,7 +11,7 @@ use tokio::sync::Notify;
 
 use crate::admission::ledger::LedgerUsage;
 use crate::admission::local::LocalLimiter;
-use crate::admission::redis::RedisLimiter;
+use crate::admission::redis::{RedisLimiter, journal};
 use crate::admission::unlimited::Unlimited;
 use crate::admission::{Limiter, UsageSource};
 
@@ -65,11 +65,17 @@ pub async fn prepare(config: Config) -> anyhow::Result<AppState> {
         _ if !config.limits.enabled => Arc::new(Unlimited::new(ledger)),
         // Connects lazily: the gateway starts while Redis is down and refuses requests
         // (503 admission_unavailable) until it is back.
-        Some(url) => Arc::new(RedisLimiter::connect(
-            url,
-            &config.redis_key_prefix,
-            ledger,
-        )?),
+        Some(url) => {
+            let redis = Arc::new(RedisLimiter::connect(
+                url,
+                &config.redis_key_prefix,
+                ledger,
+            )?);
+            writer.report_commits_to(journal::forget(&redis));
+            // Ends when the limiter is dropped (the task holds it weakly).
+            tokio::spawn(journal::tend(Arc::downgrade(&redis), writer.clone()));
+            redis
+        }
         None => Arc::new(LocalLimiter::new(ledger)),
     };
     let keys = KeyTable::load(Arc::clone(&store))

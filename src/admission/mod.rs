@@ -26,7 +26,7 @@ use async_trait::async_trait;
 pub use month::Month;
 
 use crate::config::LimitDefaults;
-use crate::store::LimitOverrides;
+use crate::store::{LimitOverrides, UsageRow};
 
 /// Suggested wait after `queue_full`, whichever backend refused.
 pub(crate) const QUEUE_FULL_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -178,6 +178,21 @@ pub trait Limiter: Send + Sync + 'static {
         grant: &Grant,
         used_tokens: u64,
     ) -> Result<(), Denial>;
+
+    /// [`Limiter::finish`] for a settled request whose usage is `row` (its tokens are
+    /// the used ones). A shared backend also journals the row until the ledger has it
+    /// (see [`redis`]'s journal), so a replica that dies before its write-behind writer
+    /// commits loses nothing the counters charged.
+    async fn settle(
+        &self,
+        key: i64,
+        lease: &Lease,
+        grant: &Grant,
+        row: &UsageRow,
+    ) -> Result<(), Denial> {
+        self.finish(key, lease, grant, row.prompt_tokens + row.completion_tokens)
+            .await
+    }
 
     /// Extends the leases of running slots and reservations (shared backends expire
     /// them so a crashed replica's slots come back).

@@ -19,6 +19,10 @@
 //! | `P:{id}:rate` | string | GCRA theoretical arrival time (µs); expires when idle |
 //! | `P:{id}:used:YYYY-MM` | string | used tokens of the month; seeded from the ledger |
 //!
+//! Settled rows wait in a journal (`P:unwritten:<writer>`, see [`journal`]) until the
+//! ledger has them; those keys are shared by all API keys, so the layout is not one
+//! for Redis Cluster.
+//!
 //! Wake-ups go over the pub/sub channel `P:wake` (payload: the key id), published when a
 //! slot or queue place frees; each limiter holds one subscription and wakes its local
 //! waiters of that key.
@@ -73,9 +77,12 @@ use futures_util::StreamExt as _;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
+pub mod journal;
+
 use super::{Admitted, Cost, Denial, Grant, KeyLimits, Lease, Limiter, Month, Usage, UsageSource};
 use super::{QUEUE_FULL_RETRY_AFTER, QUEUE_PLACE_GONE};
 use crate::backoff::Backoff;
+use crate::store::UsageRow;
 
 /// How long the reservation of a lapsed slot keeps counting (`LAPSED_KEEP_US` in
 /// `common.lua`, which must say the same).
@@ -159,6 +166,7 @@ pub struct RedisLimiter {
     hub: Arc<Hub>,
     /// The subscription task, started by the first waiter.
     subscriber: OnceLock<AbortHandle>,
+    journal: journal::JournalKeys,
 }
 
 #[derive(Default)]
@@ -236,6 +244,7 @@ impl RedisLimiter {
             },
             hub: Arc::new(Hub::default()),
             subscriber: OnceLock::new(),
+            journal: journal::JournalKeys::new(key_prefix),
         })
     }
 
@@ -412,6 +421,39 @@ impl RedisLimiter {
         }
     }
 
+    /// `finish.lua`: releases the slot and settles the reservation, journaling `row`
+    /// (when given and it used tokens) until the ledger reports it committed.
+    async fn release(
+        &self,
+        key: i64,
+        lease: &Lease,
+        grant: &Grant,
+        used_tokens: u64,
+        row: Option<&UsageRow>,
+    ) -> Result<(), Denial> {
+        let k = self.keys(key);
+        let mut invocation = self.scripts.finish.prepare_invoke();
+        invocation
+            .key(&k.run)
+            .key(&k.grants)
+            .key(&k.queue)
+            .key(&k.qexp)
+            .key(self.counter_key(key, grant.month))
+            .arg(lease)
+            .arg(used_tokens.min(LUA_MAX))
+            .arg(&self.channel)
+            .arg(&k.id);
+        if let Some(row) = row {
+            invocation
+                .key(&self.journal.own)
+                .key(&self.journal.writers)
+                .arg(&self.journal.writer)
+                .arg(journal::encode(row));
+        }
+        let reply = self.invoke("finish", &invocation).await?;
+        done(&reply)
+    }
+
     /// Starts the subscription task (once), which wakes local waiters on a message.
     fn subscribe(&self) {
         self.subscriber.get_or_init(|| {
@@ -543,24 +585,18 @@ impl Limiter for RedisLimiter {
         grant: &Grant,
         used_tokens: u64,
     ) -> Result<(), Denial> {
-        let k = self.keys(key);
-        let reply = self
-            .invoke(
-                "finish",
-                self.scripts
-                    .finish
-                    .key(&k.run)
-                    .key(&k.grants)
-                    .key(&k.queue)
-                    .key(&k.qexp)
-                    .key(self.counter_key(key, grant.month))
-                    .arg(lease)
-                    .arg(used_tokens.min(LUA_MAX))
-                    .arg(&self.channel)
-                    .arg(&k.id),
-            )
-            .await?;
-        done(&reply)
+        self.release(key, lease, grant, used_tokens, None).await
+    }
+
+    async fn settle(
+        &self,
+        key: i64,
+        lease: &Lease,
+        grant: &Grant,
+        row: &UsageRow,
+    ) -> Result<(), Denial> {
+        let used = row.prompt_tokens + row.completion_tokens;
+        self.release(key, lease, grant, used, Some(row)).await
     }
 
     async fn renew(&self, key: i64, lease: &Lease) -> Result<(), Denial> {

@@ -20,7 +20,7 @@ use crate::fleet::InFlight;
 use crate::http::request_record::RequestRecord;
 use crate::metrics::GaugeGuard;
 use crate::state::AppState;
-use crate::store::UsageRow;
+use crate::store::{UsageRow, now_unix};
 
 /// Owns an admitted request's slot and reservation until it is settled; dropping it
 /// settles it.
@@ -143,20 +143,20 @@ impl Settlement {
         let limiter: Arc<dyn Limiter> = state.limiter_handle();
         let (key, lease, grant) = (self.key, self.lease.clone(), self.grant.clone());
         Some(self.state.tasks().spawn(async move {
-            state.ledger().record(UsageRow {
+            let row = UsageRow {
                 key_id: key,
                 request_id: lease.clone(),
                 month: grant.month.to_string(),
                 prompt_tokens,
                 completion_tokens,
-                created_at: unix_now(),
-            });
-            let used = prompt_tokens + completion_tokens;
-            if let Err(err) = limiter.finish(key, &lease, &grant, used).await {
+                created_at: now_unix(),
+            };
+            state.ledger().record(row.clone());
+            if let Err(err) = limiter.settle(key, &lease, &grant, &row).await {
                 tracing::warn!(error = %err, request_id = %lease, "could not settle the live counters; retrying until they are");
                 state
                     .tasks()
-                    .spawn(finish_until_confirmed(limiter, key, lease, grant, used));
+                    .spawn(settle_until_confirmed(limiter, key, lease, grant, row));
             }
         }))
     }
@@ -165,20 +165,20 @@ impl Settlement {
 /// Pauses between attempts to settle the live counters of a request.
 const FINISH_RETRY: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
 
-/// Retries `finish` until the backend confirms it. On shutdown the tracked tasks are
-/// waited for only so long; a settlement still unconfirmed then is in the ledger (the
-/// counters are rebuilt from it when they are lost).
-async fn finish_until_confirmed(
+/// Retries the settlement until the backend confirms it. On shutdown the tracked tasks
+/// are waited for only so long; a settlement still unconfirmed then is in the ledger
+/// (the counters are rebuilt from it when they are lost).
+async fn settle_until_confirmed(
     limiter: Arc<dyn Limiter>,
     key: i64,
     lease: String,
     grant: Grant,
-    used: u64,
+    row: UsageRow,
 ) {
     let mut pauses = FINISH_RETRY.pauses();
     loop {
         tokio::time::sleep(pauses.next_pause()).await;
-        if limiter.finish(key, &lease, &grant, used).await.is_ok() {
+        if limiter.settle(key, &lease, &grant, &row).await.is_ok() {
             tracing::info!(request_id = %lease, "settled the live counters after a retry");
             return;
         }
@@ -189,11 +189,4 @@ impl Drop for Settlement {
     fn drop(&mut self) {
         let _ = self.settle();
     }
-}
-
-fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }

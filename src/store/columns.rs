@@ -281,7 +281,7 @@ pub(super) fn insert_error(err: sqlx::Error, prefix: &str) -> StoreError {
 }
 
 /// Now, in Unix seconds.
-pub(super) fn now_unix() -> i64 {
+pub fn now_unix() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))

@@ -37,6 +37,7 @@ mod postgres;
 mod records;
 mod sqlite;
 
+pub use columns::now_unix;
 pub use postgres::PostgresStore;
 pub use records::{
     KeyChange, KeyRecord, KeySignals, LimitOverrides, LimitUpdate, RequestLogRow, Store,
