@@ -98,7 +98,13 @@ pub fn build_router(state: AppState) -> Router {
             state.clone(),
             request_record::record,
         ))
-        .layer(TraceLayer::new_for_http().make_span_with(trace_span))
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(trace_span)
+                // Every request's line (status, error code) is written by the request
+                // record; a second, per 5xx, would double the log in an outage.
+                .on_failure(()),
+        )
         .layer(middleware::from_fn(envelope::envelope))
         .layer(CompressionLayer::new())
         .with_state(state)

@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::admission::Limiter;
+use crate::admission::give_back::GiveBack;
 use crate::config::Config;
 use crate::fleet::Fleet;
 use crate::fleet::prober::Prober;
@@ -25,6 +26,8 @@ struct Inner {
     config: Config,
     /// Live per-key counters: rate, slots, queue, budget reservations.
     limiter: Arc<dyn Limiter>,
+    /// Gives back admissions a shared limiter may have applied unseen.
+    give_back: Option<GiveBack>,
     /// Cancelled when the shutdown grace period is over: bodies still streaming end.
     draining: CancellationToken,
     /// The request metadata log's writer.
@@ -59,6 +62,7 @@ impl AppState {
         let metrics = Metrics::new(&fleet);
         Ok(Self(Arc::new(Inner {
             config,
+            give_back: GiveBack::start(Arc::clone(&limiter)),
             limiter,
             draining: CancellationToken::new(),
             request_log: RequestLog::start(Arc::clone(&store)),
@@ -90,6 +94,10 @@ impl AppState {
     }
     pub fn limiter(&self) -> &dyn Limiter {
         self.0.limiter.as_ref()
+    }
+    /// Where a refused admission goes to be given back (shared limiters only).
+    pub fn give_back(&self) -> Option<&GiveBack> {
+        self.0.give_back.as_ref()
     }
     /// An owned handle on the limiter, for work that outlives the request.
     pub fn limiter_handle(&self) -> Arc<dyn Limiter> {

@@ -13,6 +13,7 @@
 //! The live counters sit behind [`Limiter`] (in process, or Redis for several replicas);
 //! the durable truth is the usage ledger in the store, from which counters are rebuilt.
 
+pub mod give_back;
 pub mod ledger;
 pub mod local;
 pub mod month;

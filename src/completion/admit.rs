@@ -1,19 +1,46 @@
 //! The admission step of a completion: ask the key's limiter for a running slot and a
 //! budget reservation, waiting in the key's queue when all slots are taken.
 
-use std::time::Duration;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-use crate::admission::redis::LAPSED_KEEP;
-use crate::admission::{Admitted, Cost, Denial, Grant, KeyLimits, Month};
-use crate::backoff::Backoff;
+use crate::admission::{Admitted, Cost, Denial, Grant, KeyLimits};
 use crate::error::ApiError;
 use crate::metrics::Refusal;
 use crate::state::AppState;
 
-/// Pause before the second attempt of [`give_back_unconfirmed`]; doubled after each
-/// failed attempt, up to [`GIVE_BACK_MAX_PAUSE`].
-const GIVE_BACK_FIRST_PAUSE: Duration = Duration::from_millis(250);
-const GIVE_BACK_MAX_PAUSE: Duration = Duration::from_secs(4);
+/// While the backend is away every request is refused: one log line a second says so.
+static UNAVAILABLE: Throttled = Throttled::new();
+
+/// A log line for repeated refusals, written at most once per [`Throttled::EVERY`]
+/// with how many there were since the last one.
+struct Throttled {
+    last: Mutex<Option<Instant>>,
+    since: AtomicU64,
+}
+
+impl Throttled {
+    const EVERY: Duration = Duration::from_secs(1);
+
+    const fn new() -> Self {
+        Self {
+            last: Mutex::new(None),
+            since: AtomicU64::new(0),
+        }
+    }
+
+    fn note(&self, reason: &str) {
+        let refused = self.since.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|at| at.elapsed() < Self::EVERY) {
+            return;
+        }
+        *last = Some(Instant::now());
+        self.since.store(0, Ordering::Relaxed);
+        tracing::error!(%reason, refused, "admission backend unavailable; refusing requests (count since the last such line)");
+    }
+}
 
 /// Admits `lease` (the request id) for `key`, waiting in line if needed. A client that
 /// goes away while waiting leaves the queue.
@@ -50,55 +77,12 @@ pub async fn admit(
                 Denial::BudgetExceeded { .. } => Refusal::BudgetExceeded,
                 Denial::Unavailable(_) => Refusal::Unavailable,
             });
-            if matches!(denial, Denial::Unavailable(_)) {
-                give_back_unconfirmed(state, key, lease);
+            if let (Denial::Unavailable(_), Some(give_back)) = (&denial, state.give_back()) {
+                give_back.push(key, lease);
             }
             Err(refusal(state, key, limits, denial).await)
         }
     }
-}
-
-/// A step that failed on a shared backend may still take effect there: a Redis that
-/// answers too late (paused, busy, a slow network) runs the script all the same, and
-/// gives a running slot or a queue place to a request that was already refused — held
-/// until its lease lapses, while it blocks the key's real requests. So the refused lease
-/// is given back in the background: it leaves the queue and finishes with nothing used
-/// (both idempotent; no-ops for a lease that holds nothing). Attempts continue, further
-/// and further apart, until the backend answers or a lease could no longer be alive.
-/// In-process limiters (no lease renewal) never apply a step half-way: nothing to do.
-fn give_back_unconfirmed(state: &AppState, key: i64, lease: &str) {
-    let limiter = state.limiter_handle();
-    let Some(renewal) = limiter.lease_renewal() else {
-        return;
-    };
-    // A slot lives three renewal periods without renewal (the Redis limiter's TTL), and
-    // its reservation is kept aside for LAPSED_KEEP more; `finish` clears it until then.
-    let window = renewal * 3 + LAPSED_KEEP;
-    let lease = lease.to_owned();
-    // Not on the tracked tasks: shutdown need not wait for a backend that is away (the
-    // leases lapse by themselves).
-    tokio::spawn(async move {
-        let started = tokio::time::Instant::now();
-        let nothing = Grant {
-            max_tokens: 0,
-            reserved: 0,
-            month: Month::now(),
-        };
-        let mut pauses = Backoff::new(GIVE_BACK_FIRST_PAUSE, GIVE_BACK_MAX_PAUSE).pauses();
-        loop {
-            let given_back = async {
-                limiter.leave(key, &lease).await?;
-                limiter.finish(key, &lease, &nothing, 0).await
-            };
-            let Err(err) = given_back.await else { return };
-            let pause = pauses.next_pause();
-            if started.elapsed() + pause > window {
-                tracing::warn!(error = %err, request_id = %lease, "could not give back a refused admission; it lapses with its lease");
-                return;
-            }
-            tokio::time::sleep(pause).await;
-        }
-    });
 }
 
 /// The client-facing error for a refusal.
@@ -138,11 +122,11 @@ async fn refusal(state: &AppState, key: i64, limits: &KeyLimits, denial: Denial)
                 reserved,
                 needed,
                 month: month.to_string(),
-                retry_after: std::time::Duration::from_secs(reset.saturating_sub(now)),
+                retry_after: Duration::from_secs(reset.saturating_sub(now)),
             }
         }
         Denial::Unavailable(reason) => {
-            tracing::error!(%reason, "admission backend unavailable; refusing requests");
+            UNAVAILABLE.note(&reason);
             ApiError::AdmissionUnavailable
         }
     }
