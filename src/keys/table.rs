@@ -15,8 +15,9 @@
 //!   keys costs at most one store query per spacing, whatever its rate, and the table's
 //!   size stays the number of keys (nothing is remembered of a prefix that matched
 //!   none).
-//! - **Store outages**: hits are answered from memory; a miss that cannot pull gets
-//!   [`StoreError`], for the caller to refuse as unavailable rather than as unknown.
+//! - **Store outages**: hits are answered from memory; a miss that cannot pull (an
+//!   error, or no answer within [`PULL_TIMEOUT`]) gets [`StoreError`], for the caller to
+//!   refuse as unavailable rather than as unknown.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -34,6 +35,9 @@ pub const FOLLOW_EVERY: Duration = Duration::from_millis(250);
 /// How long the follow loop waits before listening again for a store's change
 /// signals after it could not (or the signals ended).
 const LISTEN_AGAIN_AFTER: Duration = Duration::from_secs(5);
+/// The longest one pull may take: a store that took the query and went silent must
+/// not hold the requests waiting on a miss (nor an admin call) for ever.
+pub const PULL_TIMEOUT: Duration = Duration::from_secs(2);
 /// The least time between two pulls made for misses.
 pub const MISS_PULL_SPACING: Duration = Duration::from_millis(50);
 
@@ -172,7 +176,9 @@ impl KeyTable {
 
     async fn apply_changes(&self) -> Result<(), StoreError> {
         let since = self.seen.load(Ordering::Acquire);
-        let changes = self.store.keys_changed_since(since).await?;
+        let changes = tokio::time::timeout(PULL_TIMEOUT, self.store.keys_changed_since(since))
+            .await
+            .map_err(|_| StoreError::Unavailable)??;
         let Some(newest) = changes.last().map(|change| change.seq) else {
             return Ok(());
         };

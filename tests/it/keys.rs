@@ -55,6 +55,24 @@ async fn known_keys_are_answered_from_memory_even_with_the_store_down() {
     assert!(table.find(&unknown_prefix()).await.unwrap().is_none());
 }
 
+/// A store that takes the query and never answers (a black-holed database) cannot
+/// hold a request with an unknown key: it is refused as unavailable once the pull's
+/// time-out has passed, and the table answers again as soon as the store does.
+#[tokio::test]
+async fn a_miss_is_answered_within_the_pull_time_out_when_the_store_goes_silent() {
+    let (_db, store) = watched().await;
+    let table = KeyTable::load(store.clone()).await.unwrap();
+    store.feed_stalled.store(true, Ordering::SeqCst);
+    let asked = Instant::now();
+    let found = tokio::time::timeout(Duration::from_secs(10), table.find(&unknown_prefix()))
+        .await
+        .expect("a miss is answered although the store is silent");
+    assert!(matches!(found, Err(StoreError::Unavailable)), "{found:?}");
+    assert!(asked.elapsed() < keys::PULL_TIMEOUT + Duration::from_secs(1));
+    store.feed_stalled.store(false, Ordering::SeqCst);
+    assert!(table.find(&unknown_prefix()).await.unwrap().is_none());
+}
+
 #[tokio::test]
 async fn a_flood_of_unknown_keys_costs_a_bounded_number_of_store_reads() {
     let (_db, store) = watched().await;

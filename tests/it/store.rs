@@ -1234,6 +1234,8 @@ pub(crate) struct WatchedStore {
     failures_left: std::sync::atomic::AtomicU32,
     pub(crate) feed_reads: std::sync::atomic::AtomicU32,
     pub(crate) feed_down: std::sync::atomic::AtomicBool,
+    /// Feed reads never answer (a store that accepts the query and goes silent).
+    pub(crate) feed_stalled: std::sync::atomic::AtomicBool,
     pub(crate) usage_writes: std::sync::atomic::AtomicU32,
     pub(crate) usage_down: std::sync::atomic::AtomicBool,
 }
@@ -1253,6 +1255,7 @@ impl WatchedStore {
             failures_left: failures.into(),
             feed_reads: 0.into(),
             feed_down: false.into(),
+            feed_stalled: false.into(),
             usage_writes: 0.into(),
             usage_down: false.into(),
         });
@@ -1276,6 +1279,9 @@ impl Store for WatchedStore {
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if self.feed_down.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(StoreError::Database(sqlx::Error::PoolTimedOut));
+        }
+        if self.feed_stalled.load(std::sync::atomic::Ordering::SeqCst) {
+            std::future::pending::<()>().await;
         }
         self.inner.keys_changed_since(since).await
     }
