@@ -335,6 +335,54 @@ async fn unknown_keys_are_404_on_every_route() {
     }
 }
 
+/// A NUL character in a key's name or e-mail is 400 naming the field, and in the `{key}`
+/// of a route it names no key (404): never a store error (500 on PostgreSQL, whose
+/// `TEXT` cannot hold it; found by the schema-driven fuzz run).
+#[tokio::test]
+async fn a_nul_character_is_400_in_a_body_and_404_in_a_path() {
+    let gw = admin().await;
+    for (body, field) in [
+        (json!({"name": "a\u{0}b"}), "name"),
+        (
+            json!({"name": "ok", "email": "a\u{0}@example.org"}),
+            "email",
+        ),
+    ] {
+        let response = call(
+            &gw,
+            reqwest::Method::POST,
+            "/admin/keys",
+            Some(body.clone()),
+        )
+        .await;
+        let error = expect_error(response, 400, "invalid_request").await;
+        assert_eq!(
+            error["error"]["message"],
+            format!("{field} must not contain a NUL character (\\u0000)"),
+            "{body}: {error}"
+        );
+    }
+    let keys = get_json(&gw, "/admin/keys").await;
+    assert_eq!(
+        keys.as_array().unwrap().len(),
+        1,
+        "only the gateway's own key: {keys}"
+    );
+    for (method, path, body) in [
+        (reqwest::Method::GET, "/admin/keys/%00", None),
+        (reqwest::Method::POST, "/admin/keys/fg-%00/revoke", None),
+        (
+            reqwest::Method::PATCH,
+            "/admin/keys/1%00/limits",
+            Some(json!({"max_queued": 3})),
+        ),
+        (reqwest::Method::GET, "/admin/keys/%00/usage", None),
+    ] {
+        let response = call(&gw, method.clone(), path, body).await;
+        expect_error(response, 404, "key_not_found").await;
+    }
+}
+
 #[tokio::test]
 async fn without_an_admin_token_the_admin_api_does_not_exist() {
     let gw = Gateway::start().await;
