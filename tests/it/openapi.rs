@@ -120,3 +120,22 @@ fn every_protected_operation_documents_its_401() {
     );
     assert!(missing.is_empty(), "not documented: {missing:?}");
 }
+
+/// The schema of a streamed 200 (`text/event-stream`) describes one server-sent event,
+/// as OpenAPI 3.2's `itemSchema` does and as schema-driven tools read `schema` of a 3.1
+/// event stream: an object whose `data` is a string. (It was `type: string`, which no
+/// event matches: schemathesis reported every stream as violating the document.)
+#[test]
+fn the_stream_schema_describes_one_server_sent_event() {
+    let doc = generated();
+    let schema = &doc["paths"]["/v1/completions"]["post"]["responses"]["200"]["content"]["text/event-stream"]
+        ["schema"];
+    let name = schema["$ref"]
+        .as_str()
+        .and_then(|r| r.strip_prefix("#/components/schemas/"))
+        .unwrap_or_else(|| panic!("a reference to the event's schema: {schema}"));
+    let event = &doc["components"]["schemas"][name];
+    assert_eq!(event["type"], "object", "{event}");
+    assert_eq!(event["properties"]["data"]["type"], "string", "{event}");
+    assert_eq!(event["required"], json!(["data"]), "{event}");
+}
