@@ -139,3 +139,42 @@ fn the_stream_schema_describes_one_server_sent_event() {
     assert_eq!(event["properties"]["data"]["type"], "string", "{event}");
     assert_eq!(event["required"], json!(["data"]), "{event}");
 }
+
+/// Every operation on one key (`/admin/keys/{key}…`, by id or prefix) is linked from the
+/// key `POST /admin/keys` creates, by the created key's `prefix`: a client, or a
+/// stateful fuzzer, learns from the document what `{key}` takes.
+#[test]
+fn a_created_key_links_to_every_operation_on_it() {
+    let doc = generated();
+    let links = doc["paths"]["/admin/keys"]["post"]["responses"]["201"]["links"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    let key_view = &doc["components"]["schemas"]["KeyView"];
+    assert!(
+        key_view["required"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("prefix"))
+    );
+    let mut linked = 0;
+    for (path, operations) in doc["paths"].as_object().unwrap() {
+        if !path.contains("{key}") {
+            continue;
+        }
+        for operation in operations.as_object().unwrap().values() {
+            let id = operation["operationId"].as_str().unwrap();
+            let link = links
+                .values()
+                .find(|link| link["operationId"] == id)
+                .unwrap_or_else(|| panic!("no link from the created key to {id}"));
+            assert_eq!(
+                link["parameters"],
+                json!({"key": "$response.body#/prefix"}),
+                "{id}"
+            );
+            linked += 1;
+        }
+    }
+    assert_eq!(linked, 4, "the four operations on one key");
+}
