@@ -383,6 +383,40 @@ async fn a_nul_character_is_400_in_a_body_and_404_in_a_path() {
     }
 }
 
+/// A `{key}` that is no UTF-8 once percent-decoded (`%FF`) is 400 `invalid_request` on
+/// every route that takes one, and each of them documents that 400.
+#[tokio::test]
+async fn a_key_that_is_not_utf8_is_a_documented_400() {
+    let gw = admin().await;
+    let doc = serde_json::to_value(fleetgate::router::openapi_document()).unwrap();
+    for (method, template, body) in [
+        (reqwest::Method::GET, "/admin/keys/{key}", None),
+        (reqwest::Method::POST, "/admin/keys/{key}/revoke", None),
+        (
+            reqwest::Method::PATCH,
+            "/admin/keys/{key}/limits",
+            Some(json!({"max_queued": 3})),
+        ),
+        (reqwest::Method::GET, "/admin/keys/{key}/usage", None),
+    ] {
+        let path = template.replace("{key}", "%FF");
+        let response = call(&gw, method.clone(), &path, body).await;
+        let error = expect_error(response, 400, "invalid_request").await;
+        assert!(
+            error["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("UTF-8"),
+            "{method} {path}: {error}"
+        );
+        let operation = &doc["paths"][template][method.as_str().to_lowercase()];
+        assert!(
+            operation["responses"]["400"].is_object(),
+            "{method} {template} does not document its 400"
+        );
+    }
+}
+
 #[tokio::test]
 async fn without_an_admin_token_the_admin_api_does_not_exist() {
     let gw = Gateway::start().await;
