@@ -224,7 +224,12 @@ fn api_error(err: KeyError) -> ApiError {
 }
 
 #[utoipa::path(post, path = "/admin/keys", tag = "admin", request_body = NewKeyRequest,
-    responses((status = 201, body = CreatedKey), (status = 400, body = crate::openapi::ErrorEnvelopeDoc), (status = 401, body = crate::openapi::ErrorEnvelopeDoc)),
+    responses((status = 201, body = CreatedKey, links(
+            ("show_key" = (operation_id = "show_key", parameters(("key" = "$response.body#/prefix")))),
+            ("revoke_key" = (operation_id = "revoke_key", parameters(("key" = "$response.body#/prefix")))),
+            ("set_limits" = (operation_id = "set_limits", parameters(("key" = "$response.body#/prefix")))),
+            ("usage" = (operation_id = "usage", parameters(("key" = "$response.body#/prefix")))),
+        )), (status = 400, body = crate::openapi::ErrorEnvelopeDoc), (status = 401, body = crate::openapi::ErrorEnvelopeDoc)),
     security(("admin" = [])))]
 pub async fn create_key(
     State(state): State<AppState>,
@@ -265,7 +270,11 @@ pub async fn list_keys(State(state): State<AppState>) -> Result<Json<Vec<KeyView
 
 #[utoipa::path(get, path = "/admin/keys/{key}", tag = "admin",
     params(("key" = String, Path, description = "Key id or prefix")),
-    responses((status = 200, body = KeyView), (status = 401, body = crate::openapi::ErrorEnvelopeDoc), (status = 404, body = crate::openapi::ErrorEnvelopeDoc)),
+    responses((status = 200, body = KeyView, links(
+            ("revoke_key" = (operation_id = "revoke_key", parameters(("key" = "$response.body#/prefix")))),
+            ("set_limits" = (operation_id = "set_limits", parameters(("key" = "$response.body#/prefix")))),
+            ("usage" = (operation_id = "usage", parameters(("key" = "$response.body#/prefix")))),
+        )), (status = 400, description = "`invalid_request`: `{key}` is not UTF-8 once percent-decoded.", body = crate::openapi::ErrorEnvelopeDoc), (status = 401, body = crate::openapi::ErrorEnvelopeDoc), (status = 404, body = crate::openapi::ErrorEnvelopeDoc)),
     security(("admin" = [])))]
 pub async fn show_key(
     State(state): State<AppState>,
@@ -278,7 +287,7 @@ pub async fn show_key(
 
 #[utoipa::path(post, path = "/admin/keys/{key}/revoke", tag = "admin",
     params(("key" = String, Path, description = "Key id or prefix")),
-    responses((status = 200, body = KeyView), (status = 401, body = crate::openapi::ErrorEnvelopeDoc), (status = 404, body = crate::openapi::ErrorEnvelopeDoc)),
+    responses((status = 200, body = KeyView), (status = 400, description = "`invalid_request`: `{key}` is not UTF-8 once percent-decoded.", body = crate::openapi::ErrorEnvelopeDoc), (status = 401, body = crate::openapi::ErrorEnvelopeDoc), (status = 404, body = crate::openapi::ErrorEnvelopeDoc)),
     security(("admin" = [])))]
 pub async fn revoke_key(
     State(state): State<AppState>,
@@ -292,7 +301,7 @@ pub async fn revoke_key(
 
 #[utoipa::path(patch, path = "/admin/keys/{key}/limits", tag = "admin", request_body = LimitsPatch,
     params(("key" = String, Path, description = "Key id or prefix")),
-    responses((status = 200, body = KeyView), (status = 400, body = crate::openapi::ErrorEnvelopeDoc), (status = 401, body = crate::openapi::ErrorEnvelopeDoc), (status = 404, body = crate::openapi::ErrorEnvelopeDoc)),
+    responses((status = 200, body = KeyView), (status = 400, description = "`invalid_request`: a limit is out of its bounds or not a whole number (`param` names it), the body is not the JSON object documented, or `{key}` is not UTF-8 once percent-decoded.", body = crate::openapi::ErrorEnvelopeDoc), (status = 401, body = crate::openapi::ErrorEnvelopeDoc), (status = 404, body = crate::openapi::ErrorEnvelopeDoc)),
     security(("admin" = [])))]
 pub async fn set_limits(
     State(state): State<AppState>,
@@ -314,7 +323,7 @@ pub async fn set_limits(
 
 #[utoipa::path(get, path = "/admin/keys/{key}/usage", tag = "admin",
     params(("key" = String, Path, description = "Key id or prefix")),
-    responses((status = 200, body = KeyUsage), (status = 401, body = crate::openapi::ErrorEnvelopeDoc), (status = 404, body = crate::openapi::ErrorEnvelopeDoc)),
+    responses((status = 200, body = KeyUsage), (status = 400, description = "`invalid_request`: `{key}` is not UTF-8 once percent-decoded.", body = crate::openapi::ErrorEnvelopeDoc), (status = 401, body = crate::openapi::ErrorEnvelopeDoc), (status = 404, body = crate::openapi::ErrorEnvelopeDoc)),
     security(("admin" = [])))]
 pub async fn usage(
     State(state): State<AppState>,

@@ -140,6 +140,16 @@ pub struct StreamOptionsDoc {
     continuous_usage_stats: Option<bool>,
 }
 
+/// One server-sent event of a streamed completion (`stream: true`; `schema` of
+/// `text/event-stream` describes each event, as OpenAPI 3.2's `itemSchema` does). The
+/// comment lines sent while a model boots (`: booting`) are no events.
+#[derive(ToSchema)]
+#[schema(as = CompletionStreamEvent)]
+pub struct CompletionStreamEventDoc {
+    /// A `text_completion` chunk as JSON, passed through verbatim from vLLM (with `stream_options.include_usage`, the last one before `[DONE]` has `choices: []` and the usage); the error envelope as JSON when the request fails after its 200 was sent; `[DONE]` last.
+    data: String,
+}
+
 /// A vLLM `text_completion` object, passed through verbatim.
 #[derive(ToSchema)]
 #[schema(as = CompletionResponse)]

@@ -55,7 +55,7 @@ use settle::Settlement;
             ),
             content(
                 (crate::openapi::CompletionResponseDoc = "application/json"),
-                (String = "text/event-stream"),
+                (crate::openapi::CompletionStreamEventDoc = "text/event-stream"),
             )),
         (status = 400, description = "Invalid request: `invalid_request`, `model_not_found`, `full_vocab_prompt_too_long`, `deadline_infeasible` (a non-streaming request whose max_tokens cannot finish inside the request window; with `X-Should-Retry: false` — send stream=true), or `upstream_bad_request` (the model server rejected it, e.g. context length; with `X-Acs-Upstream-Error-Kind`).", body = crate::openapi::ErrorEnvelopeDoc,
             headers(("X-Should-Retry" = String, description = "`false` on `deadline_infeasible`."))),

@@ -27,14 +27,29 @@ impl<'a> KeySelector<'a> {
 
 impl<'a> KeySelector<'a> {
     /// The `(id, prefix)` pair to bind to `WHERE id = ? OR prefix = ?` (the other one
-    /// NULL, which matches nothing); None when no key can match.
+    /// NULL, which matches nothing); None when no key can match: an id too large, or a
+    /// prefix with a NUL character, which no stored text holds (and which PostgreSQL
+    /// refuses to bind at all).
     pub(super) fn binds(&self) -> Option<(Option<i64>, Option<&'a str>)> {
         match *self {
             Self::Id(None) => None,
             Self::Id(Some(id)) => Some((Some(id), None)),
+            Self::Prefix(prefix) if prefix.contains('\0') => None,
             Self::Prefix(prefix) => Some((None, Some(prefix))),
         }
     }
+}
+
+/// A text value as its column holds it: PostgreSQL's `TEXT` cannot hold a NUL
+/// character, so a value with one is [`StoreError::Invalid`] on both backends (rather
+/// than a database error on one of them).
+pub(super) fn text_column<'v>(field: &str, value: &'v str) -> Result<&'v str, StoreError> {
+    if value.contains('\0') {
+        return Err(StoreError::Invalid(format!(
+            "{field} must not contain a NUL character (\\u0000)"
+        )));
+    }
+    Ok(value)
 }
 
 /// Limit overrides as stored: `NULL` or a value the column can hold.
@@ -352,5 +367,21 @@ mod tests {
             KeySelector::Prefix("-1")
         ));
         assert!(matches!(KeySelector::parse(""), KeySelector::Prefix("")));
+        for no_key in ["99999999999999999999999", "fg-\0", "\0", "1\0"] {
+            assert!(KeySelector::parse(no_key).binds().is_none(), "{no_key:?}");
+        }
+        assert!(KeySelector::parse("fg-AbCdEfGhI").binds().is_some());
+    }
+
+    #[test]
+    fn text_columns_hold_no_nul() {
+        assert_eq!(text_column("name", "alice").ok(), Some("alice"));
+        assert_eq!(text_column("name", "").ok(), Some(""));
+        match text_column("email", "a\0@example.org") {
+            Err(StoreError::Invalid(message)) => {
+                assert_eq!(message, "email must not contain a NUL character (\\u0000)")
+            }
+            other => panic!("expected Invalid, got {other:?}"),
+        }
     }
 }

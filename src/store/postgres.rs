@@ -8,7 +8,7 @@ use sqlx::postgres::PgPoolOptions;
 
 use super::columns::{
     KeySelector, LimitColumns, LogColumns, UpdateColumns, UsageColumns, convert, insert_error,
-    now_unix,
+    now_unix, text_column,
 };
 use futures_util::StreamExt as _;
 

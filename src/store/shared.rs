@@ -48,6 +48,8 @@ macro_rules! impl_store {
                 limits: &LimitOverrides,
             ) -> Result<KeyRecord, StoreError> {
                 let limits = LimitColumns::encode(limits)?;
+                let name = text_column("name", name)?;
+                let email = email.map(|email| text_column("email", email)).transpose()?;
                 sqlx::query_as(concat!(
                     "INSERT INTO api_keys (name, email, prefix, key_hash, created_at, ",
                     "monthly_budget_tokens, requests_per_minute, max_concurrent, max_queued) ",

@@ -9,7 +9,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 
 use super::columns::{
     KeySelector, LimitColumns, LogColumns, UpdateColumns, UsageColumns, convert, insert_error,
-    now_unix,
+    now_unix, text_column,
 };
 use super::records::{
     KeyChange, KeyRecord, LimitOverrides, LimitUpdate, RequestLogRow, Store, StoreError, UsageRow,

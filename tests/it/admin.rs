@@ -335,6 +335,88 @@ async fn unknown_keys_are_404_on_every_route() {
     }
 }
 
+/// A NUL character in a key's name or e-mail is 400 naming the field, and in the `{key}`
+/// of a route it names no key (404): never a store error (500 on PostgreSQL, whose
+/// `TEXT` cannot hold it; found by the schema-driven fuzz run).
+#[tokio::test]
+async fn a_nul_character_is_400_in_a_body_and_404_in_a_path() {
+    let gw = admin().await;
+    for (body, field) in [
+        (json!({"name": "a\u{0}b"}), "name"),
+        (
+            json!({"name": "ok", "email": "a\u{0}@example.org"}),
+            "email",
+        ),
+    ] {
+        let response = call(
+            &gw,
+            reqwest::Method::POST,
+            "/admin/keys",
+            Some(body.clone()),
+        )
+        .await;
+        let error = expect_error(response, 400, "invalid_request").await;
+        assert_eq!(
+            error["error"]["message"],
+            format!("{field} must not contain a NUL character (\\u0000)"),
+            "{body}: {error}"
+        );
+    }
+    let keys = get_json(&gw, "/admin/keys").await;
+    assert_eq!(
+        keys.as_array().unwrap().len(),
+        1,
+        "only the gateway's own key: {keys}"
+    );
+    for (method, path, body) in [
+        (reqwest::Method::GET, "/admin/keys/%00", None),
+        (reqwest::Method::POST, "/admin/keys/fg-%00/revoke", None),
+        (
+            reqwest::Method::PATCH,
+            "/admin/keys/1%00/limits",
+            Some(json!({"max_queued": 3})),
+        ),
+        (reqwest::Method::GET, "/admin/keys/%00/usage", None),
+    ] {
+        let response = call(&gw, method.clone(), path, body).await;
+        expect_error(response, 404, "key_not_found").await;
+    }
+}
+
+/// A `{key}` that is no UTF-8 once percent-decoded (`%FF`) is 400 `invalid_request` on
+/// every route that takes one, and each of them documents that 400.
+#[tokio::test]
+async fn a_key_that_is_not_utf8_is_a_documented_400() {
+    let gw = admin().await;
+    let doc = serde_json::to_value(fleetgate::router::openapi_document()).unwrap();
+    for (method, template, body) in [
+        (reqwest::Method::GET, "/admin/keys/{key}", None),
+        (reqwest::Method::POST, "/admin/keys/{key}/revoke", None),
+        (
+            reqwest::Method::PATCH,
+            "/admin/keys/{key}/limits",
+            Some(json!({"max_queued": 3})),
+        ),
+        (reqwest::Method::GET, "/admin/keys/{key}/usage", None),
+    ] {
+        let path = template.replace("{key}", "%FF");
+        let response = call(&gw, method.clone(), &path, body).await;
+        let error = expect_error(response, 400, "invalid_request").await;
+        assert!(
+            error["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("UTF-8"),
+            "{method} {path}: {error}"
+        );
+        let operation = &doc["paths"][template][method.as_str().to_lowercase()];
+        assert!(
+            operation["responses"]["400"].is_object(),
+            "{method} {template} does not document its 400"
+        );
+    }
+}
+
 #[tokio::test]
 async fn without_an_admin_token_the_admin_api_does_not_exist() {
     let gw = Gateway::start().await;

@@ -120,3 +120,61 @@ fn every_protected_operation_documents_its_401() {
     );
     assert!(missing.is_empty(), "not documented: {missing:?}");
 }
+
+/// The schema of a streamed 200 (`text/event-stream`) describes one server-sent event,
+/// as OpenAPI 3.2's `itemSchema` does and as schema-driven tools read `schema` of a 3.1
+/// event stream: an object whose `data` is a string. (It was `type: string`, which no
+/// event matches: schemathesis reported every stream as violating the document.)
+#[test]
+fn the_stream_schema_describes_one_server_sent_event() {
+    let doc = generated();
+    let schema = &doc["paths"]["/v1/completions"]["post"]["responses"]["200"]["content"]["text/event-stream"]
+        ["schema"];
+    let name = schema["$ref"]
+        .as_str()
+        .and_then(|r| r.strip_prefix("#/components/schemas/"))
+        .unwrap_or_else(|| panic!("a reference to the event's schema: {schema}"));
+    let event = &doc["components"]["schemas"][name];
+    assert_eq!(event["type"], "object", "{event}");
+    assert_eq!(event["properties"]["data"]["type"], "string", "{event}");
+    assert_eq!(event["required"], json!(["data"]), "{event}");
+}
+
+/// Every operation on one key (`/admin/keys/{key}…`, by id or prefix) is linked from the
+/// key `POST /admin/keys` creates, by the created key's `prefix`: a client, or a
+/// stateful fuzzer, learns from the document what `{key}` takes.
+#[test]
+fn a_created_key_links_to_every_operation_on_it() {
+    let doc = generated();
+    let links = doc["paths"]["/admin/keys"]["post"]["responses"]["201"]["links"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    let key_view = &doc["components"]["schemas"]["KeyView"];
+    assert!(
+        key_view["required"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("prefix"))
+    );
+    let mut linked = 0;
+    for (path, operations) in doc["paths"].as_object().unwrap() {
+        if !path.contains("{key}") {
+            continue;
+        }
+        for operation in operations.as_object().unwrap().values() {
+            let id = operation["operationId"].as_str().unwrap();
+            let link = links
+                .values()
+                .find(|link| link["operationId"] == id)
+                .unwrap_or_else(|| panic!("no link from the created key to {id}"));
+            assert_eq!(
+                link["parameters"],
+                json!({"key": "$response.body#/prefix"}),
+                "{id}"
+            );
+            linked += 1;
+        }
+    }
+    assert_eq!(linked, 4, "the four operations on one key");
+}

@@ -122,6 +122,7 @@ backend_tests! {
         set_and_clear_limits,
         invalid_limits_are_refused,
         key_by_id_or_prefix,
+        text_with_nul_is_invalid_or_matches_no_key,
         usage_sums_by_key_and_month,
         usage_is_idempotent,
         usage_refuses_bad_rows,
@@ -773,6 +774,40 @@ async fn key_by_id_or_prefix(store: Arc<dyn Store>) {
     ] {
         assert_eq!(store.key(&unknown).await.unwrap(), None, "{unknown:?}");
     }
+}
+
+/// A NUL character, which PostgreSQL's `TEXT` cannot hold, the same on both backends: a
+/// name or e-mail with one is refused as invalid, naming the field (not a database
+/// error: the admin API answered those with 500), and an id or prefix with one matches
+/// no key.
+async fn text_with_nul_is_invalid_or_matches_no_key(store: Arc<dyn Store>) {
+    for (name, email, field) in [
+        ("a\0b", None, "name"),
+        ("ok", Some("a\0@example.org"), "email"),
+    ] {
+        match store
+            .create_key(name, email, &keys::generate(), DEFAULTS)
+            .await
+        {
+            Err(StoreError::Invalid(message)) => assert!(message.starts_with(field), "{message}"),
+            other => panic!("{name:?}, {email:?}: expected Invalid, got {other:?}"),
+        }
+    }
+    assert!(store.list_keys().await.unwrap().is_empty());
+
+    let key = keys::generate();
+    store.create_key("k", None, &key, DEFAULTS).await.unwrap();
+    let change = LimitUpdate {
+        max_queued: Some(Some(3)),
+        ..LimitUpdate::default()
+    };
+    for selector in ["\0", "1\0", &format!("{}\0", key.prefix)] {
+        assert_eq!(store.key(selector).await.unwrap(), None, "{selector:?}");
+        assert_eq!(store.revoke_key(selector).await.unwrap(), None);
+        assert_eq!(store.set_limits(selector, &change).await.unwrap(), None);
+    }
+    let kept = store.key(&key.prefix).await.unwrap().unwrap();
+    assert!(kept.is_active() && kept.limits.max_queued.is_none());
 }
 
 fn usage(key_id: i64, request_id: &str, month: &str, prompt: u64, completion: u64) -> UsageRow {
