@@ -1,11 +1,13 @@
 //! Client connections: accepted up to `connections.max_open`, served as HTTP/1.1 or
 //! HTTP/2 (prior knowledge), each request head due within
-//! `connections.header_read_timeout_ms`, and closed gracefully on shutdown.
+//! `connections.header_read_timeout_ms` and at most [`MAX_HEAD_BYTES`] long, and closed
+//! gracefully on shutdown.
 //!
 //! A client cannot hold a socket, a task and memory for as long as it likes: a
 //! connection beyond the cap is closed as soon as it is accepted; one that sends its
 //! request head too slowly, or nothing at all, is closed when the head is due (the same
-//! timer closes an HTTP/1 keep-alive connection that stays idle that long); a body that
+//! timer closes an HTTP/1 keep-alive connection that stays idle that long); a head over
+//! 16 KiB or 100 header lines gets 431 (from hyper, or in HTTP/2 from h2); a body that
 //! trickles in gets 408 from the body reader (`http/body.rs`). Each refusal is counted
 //! in `fleetgate_connection_refusals_total` and logged: one line a second with the
 //! counts while there are any, so that a flood of them cannot flood the log too.
@@ -38,6 +40,17 @@ use crate::metrics::{ConnectionRefusal, Metrics};
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 /// Refusals are logged as counts at most this often.
 const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(1);
+/// The most a request head (start line and headers) may hold: 431 once this much of
+/// one has come without its end. hyper's default bound is its whole read buffer,
+/// ~400 KB, which a client can fill on every connection it opens (4 GB at the default
+/// `connections.max_open`). 16 KiB is far above an API client's head (a few hundred
+/// bytes); it is Node's limit, and hyper's HTTP/2 default for the header list.
+///
+/// In HTTP/1 it is the size of hyper's read buffer (hyper-util's builder has no separate
+/// head limit): a body is read 16 KiB at a time too, and hyper takes no more of a
+/// response body while 16 KiB of it wait to be written. It also keeps hyper's 414 (a URI
+/// over 65,534 bytes) from ever coming: such a head is refused long before its URI ends.
+const MAX_HEAD_BYTES: usize = 16 * 1024;
 
 /// Serves `router` on `listener` until `stop` resolves; then accepts no more
 /// connections, lets every open one finish the requests it has (HTTP/1 connections
@@ -55,7 +68,12 @@ pub async fn serve(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(head_due);
+        .header_read_timeout(head_due)
+        .max_buf_size(MAX_HEAD_BYTES);
+    // HTTP/2 counts each header's name and value plus 32 bytes (RFC 9113 6.5.2). The
+    // number of HTTP/1 header lines is left at hyper's 100: setting it puts the parser's
+    // header array on the heap for every request.
+    builder.http2().max_header_list_size(MAX_HEAD_BYTES as u32);
     let slots = Arc::new(Semaphore::new(settings.max_open));
     let graceful = GracefulShutdown::new();
     let refusals = Arc::new(Refusals::new(metrics.clone()));

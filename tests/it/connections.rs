@@ -1,6 +1,8 @@
-//! Slow and greedy clients: a connection that sends nothing, trickles its headers or
-//! its body, or comes beyond the connection cap is let go, counted and answered as
-//! documented — instead of being held for as long as the client likes.
+//! Slow, greedy and broken clients: a connection that sends nothing, trickles its
+//! headers or its body, or comes beyond the connection cap is let go, counted and
+//! answered as documented — instead of being held for as long as the client likes; a
+//! request head hyper cannot parse, or one over the limits, is answered in the error
+//! envelope like every other error, counted, and the connection closed.
 
 use std::time::{Duration, Instant};
 
@@ -76,6 +78,56 @@ fn whole_response(bytes: &[u8]) -> bool {
         .and_then(|n| n.trim().parse::<usize>().ok());
     length.is_some_and(|n| body.len() >= n)
 }
+
+/// Reads one whole response (head and `Content-Length` body) off `stream`.
+async fn read_response(stream: &mut (impl AsyncReadExt + Unpin)) -> Vec<u8> {
+    let mut response = Vec::new();
+    let read = tokio::time::timeout(LIMIT, async {
+        let mut buf = [0u8; 4096];
+        while !whole_response(&response) {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => response.extend_from_slice(&buf[..n]),
+            }
+        }
+    });
+    read.await.expect("an answer");
+    response
+}
+
+/// A response as read off the socket: status and body.
+struct Raw {
+    status: u16,
+    body: Vec<u8>,
+}
+
+impl Raw {
+    fn parse(bytes: &[u8]) -> Self {
+        let split = bytes
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .unwrap_or_else(|| panic!("no whole head in {:?}", String::from_utf8_lossy(bytes)));
+        let head = std::str::from_utf8(&bytes[..split]).unwrap();
+        let status = head.split(' ').nth(1).unwrap();
+        Self {
+            status: status.parse().unwrap(),
+            body: bytes[split + 4..].to_vec(),
+        }
+    }
+}
+
+/// Header lines `X-Filler-{i}: {i}` for `i` in `0..n`.
+fn filler_headers(n: usize) -> String {
+    (0..n).map(|i| format!("X-Filler-{i}: {i}\r\n")).collect()
+}
+
+/// `prefix` and then `a`s, `len` bytes in all.
+fn padded(prefix: &str, len: usize) -> String {
+    prefix.to_owned() + &"a".repeat(len - prefix.len())
+}
+
+/// The limit on a request head (start line and headers) the README documents.
+const MAX_HEAD_BYTES: usize = 16 * 1024;
 
 #[tokio::test]
 async fn a_silent_or_idle_connection_is_closed_when_its_request_head_is_due() {
@@ -153,17 +205,7 @@ async fn a_body_trickled_past_its_time_gets_408_in_the_envelope() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     });
-    let mut response = Vec::new();
-    let read = tokio::time::timeout(LIMIT, async {
-        let mut buf = [0u8; 4096];
-        while !whole_response(&response) {
-            match reader.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => response.extend_from_slice(&buf[..n]),
-            }
-        }
-    });
-    read.await.expect("an answer");
+    let response = read_response(&mut reader).await;
     trickle.abort();
     let text = String::from_utf8_lossy(&response).to_lowercase();
     assert!(text.starts_with("http/1.1 408"), "{text}");
@@ -202,4 +244,40 @@ async fn connections_beyond_the_cap_are_closed_at_once() {
     );
     drop(held);
     assert!(refusals(&gw, "max_open").await >= 1.0);
+}
+
+#[tokio::test]
+async fn a_request_head_over_the_limits_gets_431() {
+    let gw = gateway(100).await;
+    let start = "GET /health HTTP/1.1\r\nHost: x\r\n";
+    // At the limits: 100 header lines (Host included), a head of exactly 16 KiB.
+    let at_limit = [
+        format!("{start}{}\r\n", filler_headers(99)),
+        padded(&format!("{start}X-Big: "), MAX_HEAD_BYTES - 4) + "\r\n\r\n",
+    ];
+    for request in at_limit {
+        let mut stream = connect(&gw).await;
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let answer = Raw::parse(&read_response(&mut stream).await);
+        assert_eq!(
+            answer.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&answer.body)
+        );
+    }
+    // Just over them. The long heads are sent no further than the limit, so that the
+    // server has read every byte when it closes (unread bytes would make it a reset).
+    let over = [
+        format!("{start}{}\r\n", filler_headers(100)),
+        padded(&format!("{start}X-Big: "), MAX_HEAD_BYTES),
+        // A URI as long (hyper's own limit on URIs, 65,534 bytes, is never reached).
+        padded("GET /", MAX_HEAD_BYTES),
+    ];
+    for request in over {
+        let mut stream = connect(&gw).await;
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let answer = Raw::parse(&read_until_closed(&mut stream).await);
+        assert_eq!(answer.status, 431);
+    }
 }
