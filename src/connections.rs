@@ -1,14 +1,25 @@
 //! Client connections: accepted up to `connections.max_open`, served as HTTP/1.1 or
 //! HTTP/2 (prior knowledge), each request head due within
-//! `connections.header_read_timeout_ms`, and closed gracefully on shutdown.
+//! `connections.header_read_timeout_ms` and at most [`MAX_HEAD_BYTES`] long, and closed
+//! gracefully on shutdown.
 //!
 //! A client cannot hold a socket, a task and memory for as long as it likes: a
 //! connection beyond the cap is closed as soon as it is accepted; one that sends its
 //! request head too slowly, or nothing at all, is closed when the head is due (the same
-//! timer closes an HTTP/1 keep-alive connection that stays idle that long); a body that
-//! trickles in gets 408 from the body reader (`http/body.rs`). Each refusal is counted
-//! in `fleetgate_connection_refusals_total` and logged: one line a second with the
-//! counts while there are any, so that a flood of them cannot flood the log too.
+//! timer closes an HTTP/1 keep-alive connection that stays idle that long); a head over
+//! 16 KiB or 100 header lines gets 431 (from hyper, or in HTTP/2 from h2); a body that
+//! trickles in gets 408 from the body reader (`http/body.rs`).
+//!
+//! An HTTP/1 request head hyper cannot parse (400) or that is over the limits (431) is
+//! answered by hyper itself, before there is a request for the router to give an id
+//! and an envelope to; [`HeadErrors`] puts the envelope, with an id of its own, in place
+//! of hyper's bare answer (`head_errors.rs`). HTTP/2's equivalents are h2's own: a bare
+//! 431 and a stream reset for a header list over the limit, a reset or GOAWAY with no
+//! response for a malformed one.
+//!
+//! Each refusal is counted in `fleetgate_connection_refusals_total` and logged: one line
+//! a second with the counts while there are any, so that a flood of them cannot flood
+//! the log too. Nothing a client sent is logged.
 
 use std::future::Future;
 use std::io;
@@ -33,11 +44,30 @@ use tower_http::add_extension::AddExtension;
 use crate::config::ConnectionSettings;
 use crate::metrics::{ConnectionRefusal, Metrics};
 
+mod head_errors;
+
+use head_errors::HeadErrors;
+
 /// After a failed `accept` (e.g. out of file descriptors), wait this long before the
 /// next, instead of spinning.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 /// Refusals are logged as counts at most this often.
 const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(1);
+/// The most a request head (start line and headers) may hold: 431 once this much of
+/// one has come without its end. hyper's default bound is its whole read buffer,
+/// ~400 KB, which a client can fill on every connection it opens (4 GB at the default
+/// `connections.max_open`). 16 KiB is far above an API client's head (a few hundred
+/// bytes); it is Node's limit, and hyper's HTTP/2 default for the header list.
+///
+/// In HTTP/1 it is the size of hyper's read buffer (hyper-util's builder has no separate
+/// head limit): a body is read 16 KiB at a time too, and hyper takes no more of a
+/// response body while 16 KiB of it wait to be written. It also keeps hyper's 414 (a URI
+/// over 65,534 bytes) from ever coming: such a head is refused long before its URI ends.
+const MAX_HEAD_BYTES: usize = 16 * 1024;
+/// The most header lines an HTTP/1 request head may have: hyper's default, not set
+/// through the builder (that puts the parser's header array on the heap for every
+/// request). Only named here, for the 431's message.
+const MAX_HEADER_LINES: usize = 100;
 
 /// Serves `router` on `listener` until `stop` resolves; then accepts no more
 /// connections, lets every open one finish the requests it has (HTTP/1 connections
@@ -55,7 +85,10 @@ pub async fn serve(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(head_due);
+        .header_read_timeout(head_due)
+        .max_buf_size(MAX_HEAD_BYTES);
+    // HTTP/2 counts each header's name and value plus 32 bytes (RFC 9113 6.5.2).
+    builder.http2().max_header_list_size(MAX_HEAD_BYTES as u32);
     let slots = Arc::new(Semaphore::new(settings.max_open));
     let graceful = GracefulShutdown::new();
     let refusals = Arc::new(Refusals::new(metrics.clone()));
@@ -93,7 +126,10 @@ pub async fn serve(
             ConnectInfo::<SocketAddr>(remote),
         ));
         let connection = builder
-            .serve_connection(TokioIo::new(FirstBytesDue::new(tcp, head_due)), service)
+            .serve_connection(
+                TokioIo::new(HeadErrors::new(FirstBytesDue::new(tcp, head_due))),
+                service,
+            )
             .into_owned();
         let connection = graceful.watch(connection);
         let (metrics, refusals) = (metrics.clone(), Arc::clone(&refusals));
@@ -102,10 +138,9 @@ pub async fn serve(
         tokio::spawn(async move {
             let _open = metrics.connection_open();
             if let Err(err) = connection.await {
-                if is_header_timeout(err.as_ref()) {
-                    refusals.note(ConnectionRefusal::HeaderTimeout);
-                } else {
-                    tracing::debug!(error = %err, "client connection ended with an error");
+                match refusal(err.as_ref()) {
+                    Some(refusal) => refusals.note(refusal),
+                    None => tracing::debug!(error = %err, "client connection ended with an error"),
                 }
             }
             drop(slot);
@@ -116,14 +151,25 @@ pub async fn serve(
     refusals.log();
 }
 
-/// Whether the connection was closed because a request head was not read in time (by
-/// hyper's timer, or by [`FirstBytesDue`] before hyper knew the protocol).
-fn is_header_timeout(err: &(dyn std::error::Error + 'static)) -> bool {
-    std::iter::successors(Some(err), |e| e.source()).any(|e| {
-        e.downcast_ref::<hyper::Error>()
-            .is_some_and(hyper::Error::is_timeout)
-            || e.downcast_ref::<io::Error>()
-                .is_some_and(|e| e.kind() == io::ErrorKind::TimedOut)
+/// Why the connection was closed without a whole request, if it was: a request head
+/// not read in time (by hyper's timer, or by [`FirstBytesDue`] before hyper knew the
+/// protocol), or one hyper could not parse (answered by hyper, see [`HeadErrors`]).
+fn refusal(err: &(dyn std::error::Error + 'static)) -> Option<ConnectionRefusal> {
+    std::iter::successors(Some(err), |e| e.source()).find_map(|e| {
+        if let Some(err) = e.downcast_ref::<hyper::Error>() {
+            if err.is_timeout() {
+                return Some(ConnectionRefusal::HeaderTimeout);
+            }
+            if err.is_parse_too_large() {
+                return Some(ConnectionRefusal::HeadTooLarge);
+            }
+            if err.is_parse() {
+                return Some(ConnectionRefusal::MalformedHead);
+            }
+        }
+        e.downcast_ref::<io::Error>()
+            .filter(|e| e.kind() == io::ErrorKind::TimedOut)
+            .map(|_| ConnectionRefusal::HeaderTimeout)
     })
 }
 
@@ -212,6 +258,8 @@ struct Refusals {
     metrics: Metrics,
     max_open: AtomicU64,
     header_timeout: AtomicU64,
+    malformed_head: AtomicU64,
+    head_too_large: AtomicU64,
 }
 
 impl Refusals {
@@ -220,6 +268,8 @@ impl Refusals {
             metrics,
             max_open: AtomicU64::new(0),
             header_timeout: AtomicU64::new(0),
+            malformed_head: AtomicU64::new(0),
+            head_too_large: AtomicU64::new(0),
         }
     }
 
@@ -228,19 +278,26 @@ impl Refusals {
         match refusal {
             ConnectionRefusal::MaxOpen => &self.max_open,
             ConnectionRefusal::HeaderTimeout => &self.header_timeout,
+            ConnectionRefusal::MalformedHead => &self.malformed_head,
+            ConnectionRefusal::HeadTooLarge => &self.head_too_large,
         }
         .fetch_add(1, Ordering::Relaxed);
     }
 
-    /// One line with the counts since the last one, if there were any.
+    /// One line with the counts since the last one, if there were any. Never anything
+    /// the client sent.
     fn log(&self) {
         let max_open = self.max_open.swap(0, Ordering::Relaxed);
         let header_timeout = self.header_timeout.swap(0, Ordering::Relaxed);
-        if max_open + header_timeout > 0 {
+        let malformed_head = self.malformed_head.swap(0, Ordering::Relaxed);
+        let head_too_large = self.head_too_large.swap(0, Ordering::Relaxed);
+        if max_open + header_timeout + malformed_head + head_too_large > 0 {
             tracing::warn!(
                 max_open,
                 header_timeout,
-                "client connections refused (max_open: the connection cap was reached; header_timeout: no complete request head in time)"
+                malformed_head,
+                head_too_large,
+                "client connections refused (max_open: the connection cap was reached; header_timeout: no complete request head in time; malformed_head: a request head that could not be parsed, answered 400; head_too_large: a request head over the limits, answered 431)"
             );
         }
     }

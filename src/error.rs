@@ -54,6 +54,17 @@ pub enum ApiError {
     MethodNotAllowed { method: String, path: String },
     #[error("The request body is larger than the limit of {limit} bytes.")]
     PayloadTooLarge { limit: usize },
+    /// An HTTP/1 request head that could not be parsed (answered below the router, by
+    /// `connections`). The message shows nothing of what was received.
+    #[error(
+        "The request line or a header line is malformed, so the request could not be read as HTTP/1.1. The connection is closed."
+    )]
+    MalformedHead,
+    /// A request head over the connection's limits (answered below the router).
+    #[error(
+        "The request head (request line and headers) is over the limit of {max_bytes} bytes or {max_lines} header lines. The connection is closed."
+    )]
+    HeadTooLarge { max_bytes: usize, max_lines: usize },
     /// The body did not arrive within `connections.body_read_timeout_ms`.
     #[error("The request body did not arrive within {} ms of its headers.", .limit.as_millis())]
     RequestTimeout { limit: Duration },
@@ -152,6 +163,7 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::InvalidRequest { .. }
+            | Self::MalformedHead
             | Self::ModelNotFound(_)
             | Self::ChatCompletionsUnsupported
             | Self::FullVocabPromptTooLong { .. }
@@ -160,6 +172,7 @@ impl ApiError {
             Self::NotFound { .. } | Self::KeyNotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::HeadTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Self::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::UpstreamRejected { status, .. } => *status,
             Self::RateLimited { .. } | Self::QueueFull { .. } | Self::BudgetExceeded { .. } => {
@@ -175,7 +188,7 @@ impl ApiError {
     /// The machine-readable `error.code`.
     pub fn code(&self) -> &'static str {
         match self {
-            Self::InvalidRequest { .. } => "invalid_request",
+            Self::InvalidRequest { .. } | Self::MalformedHead => "invalid_request",
             Self::ModelNotFound(_) => "model_not_found",
             Self::ChatCompletionsUnsupported => "chat_completions_unsupported",
             Self::FullVocabPromptTooLong { .. } => "full_vocab_prompt_too_long",
@@ -183,7 +196,7 @@ impl ApiError {
             Self::NotFound { .. } => "not_found",
             Self::KeyNotFound(_) => "key_not_found",
             Self::MethodNotAllowed { .. } => "method_not_allowed",
-            Self::PayloadTooLarge { .. } => "request_too_large",
+            Self::PayloadTooLarge { .. } | Self::HeadTooLarge { .. } => "request_too_large",
             Self::RequestTimeout { .. } => "request_timeout",
             Self::UpstreamRejected { kind, .. } => kind,
             Self::UpstreamUnavailable(_) => "upstream_unavailable",
@@ -241,7 +254,9 @@ impl IntoResponse for ApiError {
         let mut response = self.status().into_response();
         let headers = response.headers_mut();
         match &self {
-            Self::PayloadTooLarge { .. } | Self::DeadlineInfeasible { .. } => {
+            Self::PayloadTooLarge { .. }
+            | Self::HeadTooLarge { .. }
+            | Self::DeadlineInfeasible { .. } => {
                 headers.insert(X_SHOULD_RETRY, HeaderValue::from_static("false"));
             }
             Self::UpstreamDeadline { .. } => {

@@ -90,13 +90,26 @@ pub enum ConnectionRefusal {
     /// No complete request head within `connections.header_read_timeout_ms` (a slow
     /// client, or an idle keep-alive connection).
     HeaderTimeout,
+    /// A request head hyper could not parse (answered 400).
+    MalformedHead,
+    /// A request head over the limits of `connections` (answered 431).
+    HeadTooLarge,
 }
 
 impl ConnectionRefusal {
+    const ALL: [Self; 4] = [
+        Self::MaxOpen,
+        Self::HeaderTimeout,
+        Self::MalformedHead,
+        Self::HeadTooLarge,
+    ];
+
     fn as_str(self) -> &'static str {
         match self {
             Self::MaxOpen => "max_open",
             Self::HeaderTimeout => "header_timeout",
+            Self::MalformedHead => "malformed_head",
+            Self::HeadTooLarge => "head_too_large",
         }
     }
 }
@@ -273,10 +286,10 @@ impl Metrics {
         let connection_refusals = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "connection_refusals",
-            "Client connections closed without a whole request: max_open (the cap was reached) or header_timeout (no complete request head in time, idle keep-alive included)",
+            "Client connections closed without a whole request: max_open (the cap was reached), header_timeout (no complete request head in time, idle keep-alive included), malformed_head (a request head that could not be parsed, answered 400) or head_too_large (a request head over 16 KiB or 100 header lines, answered 431)",
             connection_refusals.clone(),
         );
-        for reason in [ConnectionRefusal::MaxOpen, ConnectionRefusal::HeaderTimeout] {
+        for reason in ConnectionRefusal::ALL {
             let _ = connection_refusals.get_or_create(&ReasonLabels {
                 reason: reason.as_str(),
             });

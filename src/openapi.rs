@@ -16,7 +16,7 @@ use utoipa::{Modify, OpenApi, ToSchema};
 #[openapi(
     info(
         title = "fleetgate",
-        description = "OpenAI-compatible `POST /v1/completions` for raw next-token generation against base models served by vLLM. Requests are validated strictly (unknown fields, out-of-range values and wrong types are 400); responses pass through verbatim from vLLM. Every error is `{\"error\":{\"code\",\"message\",\"type\"},\"request_id\"}`; every response carries `X-Request-Id`."
+        description = "OpenAI-compatible `POST /v1/completions` for raw next-token generation against base models served by vLLM. Requests are validated strictly (unknown fields, out-of-range values and wrong types are 400); responses pass through verbatim from vLLM. Every error is `{\"error\":{\"code\",\"message\",\"type\"},\"request_id\"}`; every response carries `X-Request-Id`. On any route, an HTTP/1 request head that cannot be parsed gets 400 `invalid_request` and one over 16 KiB or 100 header lines 431 `request_too_large`, in the same envelope, and the connection is closed."
     ),
     modifiers(&BearerAuth),
     tags(

@@ -4,16 +4,19 @@
 //! Errors raised by our code arrive as an [`ErrorBody`] extension (see `error.rs`). An
 //! error status without one was produced by the framework itself (a rejected extractor,
 //! a panic caught below us); it is re-rendered here so no bare framework body escapes.
+//! An error found before there is a request at all is rendered the same way by
+//! [`unrouted`].
 
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::response::Parts;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use crate::contract::X_REQUEST_ID;
-use crate::error::ErrorBody;
+use crate::error::{ApiError, ErrorBody};
 
 /// Framework error bodies are short texts; read at most this much of one.
 const FRAMEWORK_BODY_LIMIT: usize = 4 * 1024;
@@ -59,12 +62,30 @@ pub async fn envelope(mut request: Request, next: Next) -> Response {
         None => None,
     };
     if let Some(error) = error {
-        render(&mut response, &error, &id.0);
+        let body = render(response.headers_mut(), &error, &id);
+        *response.body_mut() = Body::from(body);
     }
-    if let Ok(value) = HeaderValue::from_str(&id.0) {
-        response.headers_mut().insert(X_REQUEST_ID, value);
-    }
+    tag(response.headers_mut(), &id);
     response
+}
+
+/// The answer to `error` when it is found below the router, where there is no request to
+/// give an id to (a request head hyper could not parse: see `connections`): its status,
+/// its headers and envelope body as [`envelope`] renders them, with an id of its own.
+pub fn unrouted(error: ApiError) -> (Parts, Vec<u8>) {
+    let id = RequestId::new();
+    let body = error.body();
+    let (mut parts, _) = error.into_response().into_parts();
+    let body = render(&mut parts.headers, &body, &id);
+    tag(&mut parts.headers, &id);
+    (parts, body)
+}
+
+/// Puts the request id in `X-Request-Id`.
+fn tag(headers: &mut HeaderMap, id: &RequestId) {
+    if let Ok(value) = HeaderValue::from_str(&id.0) {
+        headers.insert(X_REQUEST_ID, value);
+    }
 }
 
 fn is_error(status: StatusCode) -> bool {
@@ -85,15 +106,14 @@ pub fn envelope_json(error: &ErrorBody, request_id: &str) -> Vec<u8> {
     serde_json::to_vec(&envelope).unwrap_or_default()
 }
 
-fn render(response: &mut Response, error: &ErrorBody, request_id: &str) {
-    let body = envelope_json(error, request_id);
-    let headers = response.headers_mut();
+/// Sets the envelope's headers and returns its body.
+fn render(headers: &mut HeaderMap, error: &ErrorBody, id: &RequestId) -> Vec<u8> {
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
     headers.remove(header::CONTENT_LENGTH);
-    *response.body_mut() = Body::from(body);
+    envelope_json(error, &id.0)
 }
 
 /// An envelope for an error response the framework produced, keeping its text as the

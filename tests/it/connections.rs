@@ -1,6 +1,8 @@
-//! Slow and greedy clients: a connection that sends nothing, trickles its headers or
-//! its body, or comes beyond the connection cap is let go, counted and answered as
-//! documented — instead of being held for as long as the client likes.
+//! Slow, greedy and broken clients: a connection that sends nothing, trickles its
+//! headers or its body, or comes beyond the connection cap is let go, counted and
+//! answered as documented — instead of being held for as long as the client likes; a
+//! request head hyper cannot parse, or one over the limits, is answered in the error
+//! envelope like every other error, counted, and the connection closed.
 
 use std::time::{Duration, Instant};
 
@@ -76,6 +78,126 @@ fn whole_response(bytes: &[u8]) -> bool {
         .and_then(|n| n.trim().parse::<usize>().ok());
     length.is_some_and(|n| body.len() >= n)
 }
+
+/// Reads one whole response (head and `Content-Length` body) off `stream`.
+async fn read_response(stream: &mut (impl AsyncReadExt + Unpin)) -> Vec<u8> {
+    let mut response = Vec::new();
+    let read = tokio::time::timeout(LIMIT, async {
+        let mut buf = [0u8; 4096];
+        while !whole_response(&response) {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => response.extend_from_slice(&buf[..n]),
+            }
+        }
+    });
+    read.await.expect("an answer");
+    response
+}
+
+/// A response as read off the socket: status, headers (names lower-cased), body.
+struct Raw {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Raw {
+    fn parse(bytes: &[u8]) -> Self {
+        let split = bytes
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .unwrap_or_else(|| panic!("no whole head in {:?}", String::from_utf8_lossy(bytes)));
+        let head = std::str::from_utf8(&bytes[..split]).unwrap();
+        let mut lines = head.split("\r\n");
+        let status = lines.next().unwrap().split(' ').nth(1).unwrap();
+        let headers = lines
+            .map(|line| {
+                let (name, value) = line.split_once(':').unwrap();
+                (name.to_lowercase(), value.trim().to_owned())
+            })
+            .collect();
+        Self {
+            status: status.parse().unwrap(),
+            headers,
+            body: bytes[split + 4..].to_vec(),
+        }
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Asserts the error envelope (status, `error.code` and `error.type`, its length, the
+    /// request id in the header and the body) and returns the body.
+    fn envelope(&self, status: u16, code: &str, kind: &str) -> serde_json::Value {
+        let text = String::from_utf8_lossy(&self.body);
+        assert_eq!(self.status, status, "{:?} {text}", self.headers);
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/json"),
+            "{:?} {text}",
+            self.headers
+        );
+        let length = self
+            .header("content-length")
+            .map(|n| n.parse::<usize>().unwrap());
+        assert_eq!(length, Some(self.body.len()), "content-length");
+        let body: serde_json::Value = serde_json::from_slice(&self.body)
+            .unwrap_or_else(|err| panic!("not JSON ({err}): {text}"));
+        assert_eq!(body["error"]["code"], code, "{body}");
+        assert_eq!(body["error"]["type"], kind, "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{body}"
+        );
+        let id = self.header("x-request-id").expect("an x-request-id header");
+        assert!(id.starts_with("req_"), "{id}");
+        assert_eq!(body["request_id"], id, "{body}");
+        body
+    }
+}
+
+/// Sends `request` on a new connection and asserts the answer to a request head hyper
+/// could not parse: the envelope, and the connection closed (within [`LIMIT`]). Returns
+/// the message.
+async fn assert_head_refused(gw: &Gateway, request: &[u8], status: u16, code: &str) -> String {
+    let mut stream = connect(gw).await;
+    stream.write_all(request).await.unwrap();
+    let answer = Raw::parse(&read_until_closed(&mut stream).await);
+    let body = answer.envelope(status, code, "invalid_request_error");
+    assert_eq!(answer.header("connection"), Some("close"));
+    body["error"]["message"].as_str().unwrap().to_owned()
+}
+
+/// Asserts that each of `requests` gets the answer of [`assert_head_refused`], with
+/// one message for all: it shows nothing of what was sent.
+async fn assert_heads_refused(gw: &Gateway, requests: &[&[u8]], status: u16, code: &str) {
+    let mut messages = Vec::new();
+    for request in requests {
+        messages.push(assert_head_refused(gw, request, status, code).await);
+    }
+    messages.dedup();
+    assert_eq!(messages.len(), 1, "{messages:?}");
+}
+
+/// Header lines `X-Filler-{i}: {i}` for `i` in `0..n`.
+fn filler_headers(n: usize) -> String {
+    (0..n).map(|i| format!("X-Filler-{i}: {i}\r\n")).collect()
+}
+
+/// `prefix` and then `a`s, `len` bytes in all.
+fn padded(prefix: &str, len: usize) -> String {
+    prefix.to_owned() + &"a".repeat(len - prefix.len())
+}
+
+/// The limit on a request head (start line and headers) the README documents.
+const MAX_HEAD_BYTES: usize = 16 * 1024;
 
 #[tokio::test]
 async fn a_silent_or_idle_connection_is_closed_when_its_request_head_is_due() {
@@ -153,17 +275,7 @@ async fn a_body_trickled_past_its_time_gets_408_in_the_envelope() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     });
-    let mut response = Vec::new();
-    let read = tokio::time::timeout(LIMIT, async {
-        let mut buf = [0u8; 4096];
-        while !whole_response(&response) {
-            match reader.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => response.extend_from_slice(&buf[..n]),
-            }
-        }
-    });
-    read.await.expect("an answer");
+    let response = read_response(&mut reader).await;
     trickle.abort();
     let text = String::from_utf8_lossy(&response).to_lowercase();
     assert!(text.starts_with("http/1.1 408"), "{text}");
@@ -202,4 +314,97 @@ async fn connections_beyond_the_cap_are_closed_at_once() {
     );
     drop(held);
     assert!(refusals(&gw, "max_open").await >= 1.0);
+}
+
+#[tokio::test]
+async fn a_malformed_request_head_gets_400_in_the_envelope_and_the_connection_closes() {
+    let gw = gateway(100).await;
+    let malformed: [&[u8]; 3] = [
+        // An unknown HTTP version.
+        b"GET /health HTTP/9.9\r\nHost: x\r\n\r\n",
+        // Not HTTP at all (the start of a TLS ClientHello, then junk).
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 garbage\r\n\r\n",
+        // A header line without a colon.
+        b"GET /health HTTP/1.1\r\nHost: x\r\nNo colon here\r\n\r\n",
+    ];
+    assert_heads_refused(&gw, &malformed, 400, "invalid_request").await;
+    assert_eq!(refusals(&gw, "malformed_head").await, 3.0);
+    assert_eq!(refusals(&gw, "head_too_large").await, 0.0);
+}
+
+#[tokio::test]
+async fn a_request_head_over_the_limits_gets_431_in_the_envelope() {
+    let gw = gateway(100).await;
+    let start = "GET /health HTTP/1.1\r\nHost: x\r\n";
+    // At the limits: 100 header lines (Host included), a head of exactly 16 KiB.
+    let at_limit = [
+        format!("{start}{}\r\n", filler_headers(99)),
+        padded(&format!("{start}X-Big: "), MAX_HEAD_BYTES - 4) + "\r\n\r\n",
+    ];
+    for request in at_limit {
+        let mut stream = connect(&gw).await;
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let answer = Raw::parse(&read_response(&mut stream).await);
+        assert_eq!(
+            answer.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&answer.body)
+        );
+    }
+    // Just over them. The long heads are sent no further than the limit, so that the
+    // server has read every byte when it closes (unread bytes would make it a reset).
+    let over = [
+        format!("{start}{}\r\n", filler_headers(100)),
+        padded(&format!("{start}X-Big: "), MAX_HEAD_BYTES),
+        // A URI as long (hyper's own limit on URIs, 65,534 bytes, is never reached).
+        padded("GET /", MAX_HEAD_BYTES),
+    ];
+    let over = over.each_ref().map(|request| request.as_bytes());
+    assert_heads_refused(&gw, &over, 431, "request_too_large").await;
+    assert_eq!(refusals(&gw, "head_too_large").await, 3.0);
+    assert_eq!(refusals(&gw, "malformed_head").await, 0.0);
+}
+
+#[tokio::test]
+async fn answers_on_a_keep_alive_connection_are_untouched_until_a_malformed_head() {
+    let gw = gateway(100).await;
+    let mut stream = connect(&gw).await;
+    let health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    stream.write_all(health).await.unwrap();
+    let first = Raw::parse(&read_response(&mut stream).await);
+    assert_eq!(first.status, 200);
+    assert!(first.header("x-request-id").is_some());
+
+    // The router's own 400, with its own message and id, on the same connection.
+    let bad_json = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: 1\r\n\r\n{{",
+        gw.key
+    );
+    stream.write_all(bad_json.as_bytes()).await.unwrap();
+    let rejected = Raw::parse(&read_response(&mut stream).await);
+    let body = rejected.envelope(400, "invalid_request", "invalid_request_error");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("JSON"),
+        "{body}"
+    );
+    assert_eq!(rejected.header("connection"), None, "kept alive");
+    assert_ne!(
+        rejected.header("x-request-id"),
+        first.header("x-request-id")
+    );
+
+    stream.write_all(health).await.unwrap();
+    assert_eq!(Raw::parse(&read_response(&mut stream).await).status, 200);
+
+    // Then a head hyper cannot parse, on the connection it already served three times.
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost x\r\n\r\n")
+        .await
+        .unwrap();
+    let refused = Raw::parse(&read_until_closed(&mut stream).await);
+    refused.envelope(400, "invalid_request", "invalid_request_error");
+    assert_eq!(refused.header("connection"), Some("close"));
+    assert_eq!(refusals(&gw, "malformed_head").await, 1.0);
+    assert!(gw.upstream_completions().is_empty());
 }
