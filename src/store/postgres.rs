@@ -54,7 +54,13 @@ impl PostgresStore {
 
 impl_store!(PostgresStore, sqlx::Postgres {
     async fn key_change_signals(&self) -> Option<KeySignals> {
-        let mut listener = sqlx::postgres::PgListener::connect_with(&self.pool).await.ok()?;
+        // A connection of its own, outside the pool: a listener holds its connection for
+        // as long as it listens, which would leave the pool one short for requests.
+        let own = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect_lazy_with((*self.pool.connect_options()).clone());
+        let mut listener = sqlx::postgres::PgListener::connect_with(&own).await.ok()?;
         listener.listen(KEY_FEED_CHANNEL).await.ok()?;
         // Ends at the first error (a lost connection): the table polls meanwhile and
         // listens again later.
