@@ -115,7 +115,10 @@ impl Meter {
     /// where one frame carried several tokens and no logprobs.
     pub fn generated(&self) -> u64 {
         match self {
-            Self::Sse(sse) => sse.generated.values().sum(),
+            Self::Sse(sse) => sse
+                .generated
+                .values()
+                .fold(0, |sum, n| sum.saturating_add(*n)),
             Self::Json(_) => 0,
         }
     }
@@ -152,14 +155,15 @@ impl SseMeter {
             self.usage = Some(usage);
             return false;
         }
+        // Saturating: the counts are the upstream's, and any u64 parses.
         for choice in &chunk.choices {
             let seen = self.generated.entry(choice.index).or_default();
-            match (&chunk.usage, &choice.logprobs) {
+            *seen = match (&chunk.usage, &choice.logprobs) {
                 // Running usage (continuous_usage_stats) is cumulative per choice.
-                (Some(usage), _) => *seen = (*seen).max(usage.completion_tokens),
-                (None, Some(logprobs)) => *seen += logprobs.tokens.len() as u64,
-                (None, None) => *seen += 1,
-            }
+                (Some(usage), _) => (*seen).max(usage.completion_tokens),
+                (None, Some(logprobs)) => seen.saturating_add(logprobs.tokens.len() as u64),
+                (None, None) => seen.saturating_add(1),
+            };
         }
         true
     }
@@ -296,6 +300,20 @@ mod tests {
         run(&mut meter, &[CONTENT, CONTENT, CONTENT_1]);
         assert_eq!(meter.reported(), None);
         assert_eq!(meter.generated(), 4);
+    }
+
+    #[test]
+    fn absurd_running_usage_saturates_the_count() {
+        let huge = |index: u64| {
+            format!(
+                "data: {{\"choices\":[{{\"index\":{index}}}],\"usage\":{{\"prompt_tokens\":1,\"completion_tokens\":{}}}}}\n\n",
+                u64::MAX
+            )
+        };
+        let mut meter = Meter::sse(false);
+        // One more token on a choice at u64::MAX, and two choices at u64::MAX.
+        run(&mut meter, &[&huge(0), CONTENT, &huge(1)]);
+        assert_eq!(meter.generated(), u64::MAX);
     }
 
     #[test]
