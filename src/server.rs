@@ -2,7 +2,7 @@
 
 use std::future::Future;
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -11,7 +11,8 @@ use tokio::sync::Notify;
 
 use crate::admission::ledger::LedgerUsage;
 use crate::admission::local::LocalLimiter;
-use crate::admission::redis::{RedisLimiter, journal};
+use crate::admission::redis::RedisLimiter;
+use crate::admission::redis::journal::{self, JournalStore};
 use crate::admission::unlimited::Unlimited;
 use crate::admission::{Limiter, UsageSource};
 
@@ -71,9 +72,10 @@ pub async fn prepare(config: Config) -> anyhow::Result<AppState> {
                 &config.redis_key_prefix,
                 ledger,
             )?);
-            writer.report_commits_to(journal::forget(&redis));
+            let weak: Weak<dyn JournalStore> = Arc::downgrade(&redis) as Weak<RedisLimiter>;
+            writer.report_commits_to(journal::forget(weak.clone()));
             // Ends when the limiter is dropped (the task holds it weakly).
-            tokio::spawn(journal::tend(Arc::downgrade(&redis), writer.clone()));
+            tokio::spawn(journal::tend(weak, writer.clone()));
             redis
         }
         None => Arc::new(LocalLimiter::new(ledger)),

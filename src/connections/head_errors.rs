@@ -27,9 +27,24 @@ use std::task::{Context, Poll, ready};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::{MAX_HEAD_BYTES, MAX_HEADER_LINES};
 use crate::error::ApiError;
 use crate::http::envelope;
+
+/// The most a request head (start line and headers) may hold: 431 once this much of
+/// one has come without its end. hyper's default bound is its whole read buffer,
+/// ~400 KB, which a client can fill on every connection it opens (4 GB at the default
+/// `connections.max_open`). 16 KiB is far above an API client's head (a few hundred
+/// bytes); it is Node's limit, and hyper's HTTP/2 default for the header list.
+///
+/// In HTTP/1 it is the size of hyper's read buffer (hyper-util's builder has no separate
+/// head limit): a body is read 16 KiB at a time too, and hyper takes no more of a
+/// response body while 16 KiB of it wait to be written. It also keeps hyper's 414 (a URI
+/// over 65,534 bytes) from ever coming: such a head is refused long before its URI ends.
+pub(super) const MAX_HEAD_BYTES: usize = 16 * 1024;
+/// The most header lines an HTTP/1 request head may have: hyper's default, not set
+/// through the builder (that puts the parser's header array on the heap for every
+/// request). Only named here, for the 431's message.
+const MAX_HEADER_LINES: usize = 100;
 
 /// A client connection's IO on which hyper's bare answers to request heads it could not
 /// parse go out as error envelopes; everything else passes through untouched.

@@ -23,8 +23,8 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use ::redis::Script;
+use async_trait::async_trait;
 
-use super::RedisLimiter;
 use crate::admission::Denial;
 use crate::ledger::{Committed, FLUSH_WAIT, Ledger};
 use crate::store::{UsageRow, now_unix};
@@ -43,10 +43,29 @@ const SWEEP_EVERY: Duration = Duration::from_secs(60);
 /// it to the ledger again.
 const SWEEP_AGE: i64 = 30;
 /// Rows moved per adoption step.
-const ADOPT_BATCH: usize = 500;
+pub const ADOPT_BATCH: usize = 500;
+
+/// The journal's steps against Redis (the shared limiter's connection).
+#[async_trait]
+pub trait JournalStore: Send + Sync + 'static {
+    /// Says this replica is alive for [`ALIVE_TTL`] more.
+    async fn beat(&self) -> Result<(), Denial>;
+    /// The writers that have journaled rows.
+    async fn writers(&self) -> Result<Vec<String>, Denial>;
+    /// Moves up to [`ADOPT_BATCH`] rows of `writer` into this replica's journal, unless
+    /// `writer` is alive; returns them (`[request_id, row, …]`, empty when none).
+    async fn adopt_from(&self, writer: &str) -> Result<Vec<String>, Denial>;
+    /// One `HSCAN` step over this replica's own journal: the next cursor and the
+    /// entries (`[request_id, row, …]`).
+    async fn scan_own(&self, cursor: u64) -> Result<(u64, Vec<String>), Denial>;
+    /// Removes rows from this replica's own journal.
+    async fn forget(&self, request_ids: Vec<String>) -> Result<(), Denial>;
+    /// This replica's writer id.
+    fn writer(&self) -> &str;
+}
 
 /// The journal's Redis keys, as seen by one replica.
-pub(super) struct JournalKeys {
+pub struct JournalKeys {
     /// This replica's writer id.
     pub writer: String,
     /// This replica's journal.
@@ -68,17 +87,22 @@ impl JournalKeys {
         }
     }
 
-    fn journal_of(&self, writer: &str) -> String {
+    pub fn journal_of(&self, writer: &str) -> String {
         format!("{}:unwritten:{writer}", self.prefix)
     }
 
-    fn alive(&self, writer: &str) -> String {
+    pub fn alive(&self, writer: &str) -> String {
         format!("{}:alive:{writer}", self.prefix)
+    }
+
+    /// `adopt.lua`.
+    pub fn adopt_script(&self) -> &Script {
+        &self.adopt
     }
 }
 
 /// A row as the journal keeps it (the request id is the hash field).
-pub(super) fn encode(row: &UsageRow) -> String {
+pub fn encode(row: &UsageRow) -> String {
     format!(
         "{} {} {} {} {}",
         row.key_id, row.month, row.prompt_tokens, row.completion_tokens, row.created_at
@@ -113,24 +137,17 @@ fn rows(entries: Vec<String>) -> Vec<UsageRow> {
 }
 
 /// Forgets committed rows from the replica's own journal (the ledger's [`Committed`]).
-pub struct Forget(pub Weak<RedisLimiter>);
+pub struct Forget(pub Weak<dyn JournalStore>);
 
 impl Committed for Forget {
     fn committed(&self, request_ids: Vec<String>) {
-        let Some(limiter) = self.0.upgrade() else {
+        let Some(journal) = self.0.upgrade() else {
             return;
         };
         // Not awaited by the writer: a Redis that stalls must not hold back the
         // ledger. A report that fails leaves rows the sweep finds.
         tokio::spawn(async move {
-            let mut hdel = ::redis::cmd("HDEL");
-            hdel.arg(&limiter.journal.own).arg(&request_ids);
-            let forgot = limiter
-                .call("journal forget", |mut c| async move {
-                    hdel.query_async::<u64>(&mut c).await
-                })
-                .await;
-            if let Err(err) = forgot {
+            if let Err(err) = journal.forget(request_ids).await {
                 tracing::debug!(error = %err, "usage journal: could not forget committed rows");
             }
         });
@@ -139,7 +156,7 @@ impl Committed for Forget {
 
 /// Keeps the journal for as long as the limiter lives: says this replica is alive,
 /// adopts the journals of replicas that are not, and sweeps its own.
-pub async fn tend(limiter: Weak<RedisLimiter>, ledger: Ledger) {
+pub async fn tend(journal: Weak<dyn JournalStore>, ledger: Ledger) {
     let mut beat = tokio::time::interval(BEAT_EVERY);
     let mut adopt = tokio::time::interval(ADOPT_EVERY);
     let mut sweep = tokio::time::interval(SWEEP_EVERY);
@@ -147,20 +164,20 @@ pub async fn tend(limiter: Weak<RedisLimiter>, ledger: Ledger) {
     loop {
         tokio::select! {
             _ = beat.tick() => {
-                let Some(limiter) = limiter.upgrade() else { return };
-                if let Err(err) = limiter.beat().await {
+                let Some(journal) = journal.upgrade() else { return };
+                if let Err(err) = journal.beat().await {
                     tracing::debug!(error = %err, "usage journal: heartbeat failed");
                 }
             }
             _ = adopt.tick() => {
-                let Some(limiter) = limiter.upgrade() else { return };
-                if let Err(err) = limiter.adopt_orphans(&ledger).await {
+                let Some(journal) = journal.upgrade() else { return };
+                if let Err(err) = adopt_orphans(journal.as_ref(), &ledger).await {
                     tracing::debug!(error = %err, "usage journal: adoption failed");
                 }
             }
             _ = sweep.tick() => {
-                let Some(limiter) = limiter.upgrade() else { return };
-                if let Err(err) = limiter.sweep(&ledger).await {
+                let Some(journal) = journal.upgrade() else { return };
+                if let Err(err) = sweep_own(journal.as_ref(), &ledger).await {
                     tracing::debug!(error = %err, "usage journal: sweep failed");
                 }
             }
@@ -168,103 +185,63 @@ pub async fn tend(limiter: Weak<RedisLimiter>, ledger: Ledger) {
     }
 }
 
-impl RedisLimiter {
-    async fn beat(&self) -> Result<(), Denial> {
-        let mut set = ::redis::cmd("SET");
-        set.arg(self.journal.alive(&self.journal.writer))
-            .arg(1)
-            .arg("PX")
-            .arg(ALIVE_TTL.as_millis() as u64);
-        self.call("journal heartbeat", |mut c| async move {
-            set.query_async::<()>(&mut c).await
-        })
-        .await
-    }
-
-    /// Moves the rows of every writer that is no longer alive into this replica's
-    /// journal and hands them to its ledger writer.
-    async fn adopt_orphans(&self, ledger: &Ledger) -> Result<(), Denial> {
-        let writers: Vec<String> = {
-            let mut members = ::redis::cmd("SMEMBERS");
-            members.arg(&self.journal.writers);
-            self.call("journal writers", |mut c| async move {
-                members.query_async(&mut c).await
-            })
-            .await?
-        };
-        for writer in writers.iter().filter(|w| **w != self.journal.writer) {
-            let mut adopted = 0;
-            // A closing ledger takes no more rows; they stay for another replica.
-            while !ledger.is_closing() {
-                let mut step = self.journal.adopt.prepare_invoke();
-                step.key(self.journal.journal_of(writer))
-                    .key(&self.journal.own)
-                    .key(&self.journal.writers)
-                    .key(self.journal.alive(writer))
-                    .arg(writer)
-                    .arg(&self.journal.writer)
-                    .arg(ADOPT_BATCH);
-                let entries: Vec<String> = self
-                    .call("journal adopt", |mut c| async move {
-                        step.invoke_async(&mut c).await
-                    })
-                    .await?;
-                if entries.is_empty() {
-                    break;
-                }
-                for row in rows(entries) {
-                    adopted += 1;
-                    ledger.record(row);
-                }
+/// Moves the rows of every writer that is no longer alive into this replica's journal
+/// and hands them to its ledger writer.
+async fn adopt_orphans(journal: &dyn JournalStore, ledger: &Ledger) -> Result<(), Denial> {
+    for writer in journal.writers().await? {
+        if writer == journal.writer() {
+            continue;
+        }
+        let mut adopted = 0;
+        // A closing ledger takes no more rows; they stay for another replica.
+        while !ledger.is_closing() {
+            let entries = journal.adopt_from(&writer).await?;
+            if entries.is_empty() {
+                break;
             }
-            if adopted > 0 {
-                tracing::info!(
-                    rows = adopted,
-                    "usage journal: adopted the uncommitted usage rows of a replica that stopped"
-                );
+            for row in rows(entries) {
+                adopted += 1;
+                ledger.record(row);
             }
         }
-        Ok(())
+        if adopted > 0 {
+            tracing::info!(
+                rows = adopted,
+                "usage journal: adopted the uncommitted usage rows of a replica that stopped"
+            );
+        }
     }
+    Ok(())
+}
 
-    /// Rows in this replica's own journal that its writer has committed, or never got,
-    /// but whose report did not reach Redis: once the ledger is flushed, every row still
-    /// journaled is offered to it again (a no-op for the committed ones), and is
-    /// forgotten when the writer reports it.
-    async fn sweep(&self, ledger: &Ledger) -> Result<(), Denial> {
-        if !ledger.flush_within(FLUSH_WAIT).await || ledger.is_closing() {
+/// Rows in this replica's own journal that its writer has committed, or never got,
+/// but whose report did not reach Redis: once the ledger is flushed, every row still
+/// journaled (and old enough not to be on its way) is offered to it again — a no-op for
+/// the committed ones — and is forgotten when the writer reports it.
+async fn sweep_own(journal: &dyn JournalStore, ledger: &Ledger) -> Result<(), Denial> {
+    if !ledger.flush_within(FLUSH_WAIT).await || ledger.is_closing() {
+        return Ok(());
+    }
+    let mut cursor = 0u64;
+    loop {
+        let (next, entries) = journal.scan_own(cursor).await?;
+        let settled_before = now_unix() - SWEEP_AGE;
+        for row in rows(entries) {
+            // Younger rows may still be on their way through the writer.
+            if row.created_at < settled_before {
+                ledger.record(row);
+            }
+        }
+        if next == 0 {
             return Ok(());
         }
-        let mut cursor = 0u64;
-        loop {
-            let mut scan = ::redis::cmd("HSCAN");
-            scan.arg(&self.journal.own)
-                .arg(cursor)
-                .arg("COUNT")
-                .arg(ADOPT_BATCH);
-            let (next, entries): (u64, Vec<String>) = self
-                .call("journal sweep", |mut c| async move {
-                    scan.query_async(&mut c).await
-                })
-                .await?;
-            let settled_before = now_unix() - SWEEP_AGE;
-            for row in rows(entries) {
-                // Younger rows may still be on their way through the writer.
-                if row.created_at < settled_before {
-                    ledger.record(row);
-                }
-            }
-            if next == 0 {
-                return Ok(());
-            }
-            cursor = next;
-        }
+        cursor = next;
     }
 }
 
-/// The ledger's listener for a shared limiter.
-pub fn forget(limiter: &Arc<RedisLimiter>) -> Arc<dyn Committed> {
-    Arc::new(Forget(Arc::downgrade(limiter)))
+/// The ledger's listener for a journal.
+pub fn forget(journal: Weak<dyn JournalStore>) -> Arc<dyn Committed> {
+    Arc::new(Forget(journal))
 }
 
 #[cfg(test)]
