@@ -1,9 +1,18 @@
 //! HTTP to the vLLM servers: what a server serves and reports, tokenization, hooks and
 //! forwarding completions. A leaf: it knows base URLs, not the fleet that holds them.
+//!
+//! Completions to `http://` nodes go through fleetgate's own HTTP/1.1 client (`h1.rs`,
+//! which says why); everything else through reqwest.
 
+mod h1;
+
+use std::io;
+use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::{Stream, StreamExt, TryStreamExt};
+use http::{HeaderValue, StatusCode};
 use serde::Deserialize;
 
 use crate::config::UpstreamSettings;
@@ -33,6 +42,50 @@ pub struct NodeLoad {
 #[derive(Clone)]
 pub struct UpstreamClient {
     http: reqwest::Client,
+    /// Completions to `http://` nodes.
+    h1: h1::Client,
+}
+
+/// A response body as it arrives.
+pub type ByteStream = Pin<Box<dyn Stream<Item = io::Result<Bytes>> + Send>>;
+
+/// A node's answer to a forwarded completion: the head read, the body not yet.
+pub enum Answer {
+    H1(h1::Response),
+    Reqwest(reqwest::Response),
+}
+
+impl Answer {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::H1(r) => r.status,
+            Self::Reqwest(r) => r.status(),
+        }
+    }
+
+    pub fn content_type(&self) -> Option<&HeaderValue> {
+        match self {
+            Self::H1(r) => r.content_type.as_ref(),
+            Self::Reqwest(r) => r.headers().get(http::header::CONTENT_TYPE),
+        }
+    }
+
+    /// The body's length, when the head gave one.
+    pub fn content_length(&self) -> Option<u64> {
+        match self {
+            Self::H1(r) => r.content_length,
+            Self::Reqwest(r) => r.content_length(),
+        }
+    }
+
+    /// The body. Dropping it before its end closes the connection, which tells vLLM to
+    /// stop generating.
+    pub fn into_body(self) -> ByteStream {
+        match self {
+            Self::H1(r) => Box::pin(r.body),
+            Self::Reqwest(r) => Box::pin(r.bytes_stream().map_err(io::Error::other)),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -41,7 +94,7 @@ pub enum UpstreamError {
     Unreachable {
         url: String,
         #[source]
-        source: reqwest::Error,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     #[error("upstream {url} answered {what}")]
     Unexpected { url: String, what: String },
@@ -116,7 +169,11 @@ impl UpstreamClient {
             .pool_idle_timeout(Duration::from_millis(settings.pool_idle_timeout_ms))
             .tcp_nodelay(true)
             .build()?;
-        Ok(Self { http })
+        let h1 = h1::Client::new(
+            Duration::from_millis(settings.connect_timeout_ms),
+            Duration::from_millis(settings.pool_idle_timeout_ms),
+        );
+        Ok(Self { http, h1 })
     }
 
     /// `GET {path}` on the upstream; any status but a 2xx is an error.
@@ -168,7 +225,7 @@ impl UpstreamClient {
             .await
             .map_err(|source| UpstreamError::Unreachable {
                 url: shown.clone(),
-                source: source.without_url(),
+                source: source.without_url().into(),
             })?;
         if response.status().is_success() {
             Ok(())
@@ -240,18 +297,28 @@ impl UpstreamClient {
         Ok(parsed.count)
     }
 
-    /// Sends a completion request; the response (any status) is returned unread.
-    pub async fn send_completion(
-        &self,
-        url: &str,
-        body: Bytes,
-    ) -> Result<reqwest::Response, UpstreamError> {
+    /// Sends a completion request; the answer (any status) is returned with its body
+    /// unread.
+    pub async fn send_completion(&self, url: &str, body: Bytes) -> Result<Answer, UpstreamError> {
+        const PATH: &str = "/v1/completions";
+        if let Some(target) = h1::Target::parse(url) {
+            return self
+                .h1
+                .post_json(target, PATH, &body)
+                .await
+                .map(Answer::H1)
+                .map_err(|source| UpstreamError::Unreachable {
+                    url: url.to_owned(),
+                    source: source.into(),
+                });
+        }
         self.http
-            .post(format!("{}/v1/completions", url))
+            .post(format!("{url}{PATH}"))
             .header(http::header::CONTENT_TYPE, "application/json")
             .body(body)
             .send()
             .await
+            .map(Answer::Reqwest)
             .map_err(unreachable(url))
     }
 }
@@ -260,19 +327,19 @@ impl UpstreamClient {
 fn unreachable(url: &str) -> impl Fn(reqwest::Error) -> UpstreamError + '_ {
     |source| UpstreamError::Unreachable {
         url: url.to_owned(),
-        source,
+        source: source.into(),
     }
 }
 
 /// Turns an upstream error response into our envelope, keeping vLLM's own message
 /// (it tells the client what to fix, e.g. the context length).
-pub async fn upstream_rejection(response: reqwest::Response) -> ApiError {
+pub async fn upstream_rejection(response: impl Into<Answer>) -> ApiError {
+    let response = response.into();
     let status = response.status();
-    let message = read_limited(response)
-        .await
-        .and_then(|body| vllm_error_message(&body))
-        .unwrap_or_else(|| format!("The model server answered {status}."));
-    if status == http::StatusCode::BAD_REQUEST {
+    let body = read_up_to(response.into_body(), ERROR_BODY_LIMIT).await;
+    let message =
+        vllm_error_message(&body).unwrap_or_else(|| format!("The model server answered {status}."));
+    if status == StatusCode::BAD_REQUEST {
         ApiError::UpstreamRejected {
             status,
             kind: "upstream_bad_request",
@@ -283,23 +350,30 @@ pub async fn upstream_rejection(response: reqwest::Response) -> ApiError {
         // the server disagree) is not the client's to fix.
         tracing::warn!(upstream_status = status.as_u16(), "upstream error status");
         ApiError::UpstreamRejected {
-            status: http::StatusCode::BAD_GATEWAY,
+            status: StatusCode::BAD_GATEWAY,
             kind: "upstream_error",
             message,
         }
     }
 }
 
-async fn read_limited(mut response: reqwest::Response) -> Option<Bytes> {
-    let mut body = Vec::new();
-    while let Ok(Some(chunk)) = response.chunk().await {
-        let room = ERROR_BODY_LIMIT.saturating_sub(body.len());
-        body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+impl From<reqwest::Response> for Answer {
+    fn from(response: reqwest::Response) -> Self {
+        Self::Reqwest(response)
+    }
+}
+
+/// The first `limit` bytes of a body, or as much of them as arrived before an error.
+async fn read_up_to(mut body: ByteStream, limit: usize) -> Vec<u8> {
+    let mut read = Vec::new();
+    while let Some(Ok(chunk)) = body.next().await {
+        let room = limit.saturating_sub(read.len());
+        read.extend_from_slice(&chunk[..chunk.len().min(room)]);
         if room <= chunk.len() {
             break;
         }
     }
-    Some(Bytes::from(body))
+    read
 }
 
 /// vLLM's message from either envelope form (0.10.1+ nested, older flat), or a

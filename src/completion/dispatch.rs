@@ -18,11 +18,11 @@ use crate::error::ApiError;
 use crate::fleet::{Model, NoNode, Node};
 use crate::metrics::UpstreamOutcome;
 use crate::state::AppState;
-use crate::upstream::upstream_rejection;
+use crate::upstream::{Answer, upstream_rejection};
 
 /// A node's answer (headers read, body not yet) and what is needed to relay it.
 pub struct Dispatched {
-    pub response: reqwest::Response,
+    pub response: Answer,
     pub upstream: Arc<Node>,
     pub sent: Instant,
 }

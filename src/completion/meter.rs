@@ -33,9 +33,17 @@ pub enum Meter {
 pub struct SseMeter {
     /// Whether the client asked for the usage-only frame.
     forward_usage: bool,
+    /// Bytes taken from the upstream and not yet given to the client: whole frames
+    /// first, then the start of an incomplete one.
     pending: BytesMut,
     /// Where the next frame ends in `pending`, found by looking at each byte once.
     frames: FrameEnds,
+    tally: Tally,
+}
+
+/// What a stream's frames said about its tokens.
+#[derive(Default)]
+struct Tally {
     usage: Option<Counts>,
     /// Tokens seen per choice index (from logprobs, running usage, or one per frame).
     generated: HashMap<u64, u64>,
@@ -44,6 +52,8 @@ pub struct SseMeter {
 #[derive(Default)]
 pub struct JsonMeter {
     tail: Vec<u8>,
+    /// Chunks taken and not yet given to the client.
+    held: Vec<Bytes>,
 }
 
 #[derive(Deserialize)]
@@ -74,8 +84,7 @@ impl Meter {
             forward_usage,
             pending: BytesMut::new(),
             frames: FrameEnds::default(),
-            usage: None,
-            generated: HashMap::new(),
+            tally: Tally::default(),
         })
     }
 
@@ -83,15 +92,35 @@ impl Meter {
         Self::Json(JsonMeter::default())
     }
 
-    /// Takes bytes from the upstream; returns the bytes for the client (possibly empty
-    /// while a frame is incomplete).
-    pub fn feed(&mut self, chunk: Bytes) -> Bytes {
+    /// Takes bytes from the upstream; [`Meter::take`] gives what the client may have.
+    pub fn push(&mut self, chunk: Bytes) {
         match self {
-            Self::Sse(sse) => sse.feed(chunk),
+            Self::Sse(sse) => sse.pending.extend_from_slice(&chunk),
             Self::Json(json) => {
                 json.keep(&chunk);
-                chunk
+                json.held.push(chunk);
             }
+        }
+    }
+
+    /// The bytes pushed so far and not yet taken.
+    pub fn held(&self) -> usize {
+        match self {
+            Self::Sse(sse) => sse.pending.len(),
+            Self::Json(json) => json.held.iter().map(Bytes::len).sum(),
+        }
+    }
+
+    /// The bytes for the client, in one piece: every complete frame pushed so far
+    /// (possibly none while a frame is incomplete), or every JSON chunk.
+    pub fn take(&mut self) -> Bytes {
+        match self {
+            Self::Sse(sse) => sse.take(),
+            Self::Json(json) => match json.held.len() {
+                0 => Bytes::new(),
+                1 => json.held.pop().unwrap_or_default(),
+                _ => Bytes::from(json.held.drain(..).collect::<Vec<_>>().concat()),
+            },
         }
     }
 
@@ -99,14 +128,14 @@ impl Meter {
     pub fn finish(&mut self) -> Bytes {
         match self {
             Self::Sse(sse) => sse.pending.split().freeze(),
-            Self::Json(_) => Bytes::new(),
+            Self::Json(_) => self.take(),
         }
     }
 
     /// The usage the upstream reported, if it got that far.
     pub fn reported(&self) -> Option<Counts> {
         match self {
-            Self::Sse(sse) => sse.usage,
+            Self::Sse(sse) => sse.tally.usage,
             Self::Json(json) => json.usage(),
         }
     }
@@ -116,6 +145,7 @@ impl Meter {
     pub fn generated(&self) -> u64 {
         match self {
             Self::Sse(sse) => sse
+                .tally
                 .generated
                 .values()
                 .fold(0, |sum, n| sum.saturating_add(*n)),
@@ -125,22 +155,36 @@ impl Meter {
 }
 
 impl SseMeter {
-    fn feed(&mut self, chunk: Bytes) -> Bytes {
-        self.pending.extend_from_slice(&chunk);
-        let mut out = BytesMut::with_capacity(self.pending.len());
-        while let Some(end) = self.frames.next_end(&self.pending) {
-            let frame = self.pending.split_to(end);
-            if self.observe(&frame) || self.forward_usage {
-                out.extend_from_slice(&frame);
+    /// Splits the complete frames off `pending`. They leave as one slice of it, without
+    /// a copy, unless the usage-only frame has to be cut out from between them.
+    fn take(&mut self) -> Bytes {
+        let mut spliced = BytesMut::new();
+        // `pending[..start]`: frames read and passed.
+        let mut start = 0;
+        while let Some(len) = self.frames.next_end(&self.pending[start..]) {
+            let end = start + len;
+            if self.tally.observe(&self.pending[start..end]) || self.forward_usage {
+                start = end;
+                continue;
             }
+            spliced.extend_from_slice(&self.pending[..start]);
+            let _dropped = self.pending.split_to(end);
+            start = 0;
         }
-        if self.pending.len() > MAX_FRAME {
-            out.extend_from_slice(&self.pending.split());
+        if self.pending.len() - start > MAX_FRAME {
+            start = self.pending.len();
             self.frames = FrameEnds::default();
         }
-        out.freeze()
+        let passed = self.pending.split_to(start);
+        if spliced.is_empty() {
+            return passed.freeze();
+        }
+        spliced.extend_from_slice(&passed);
+        spliced.freeze()
     }
+}
 
+impl Tally {
     /// Reads one frame; returns false for the usage-only frame.
     fn observe(&mut self, frame: &[u8]) -> bool {
         let Some(data) = frame_data(frame) else {
@@ -259,10 +303,15 @@ mod tests {
     const USAGE: &str = "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"total_tokens\":6,\"completion_tokens\":3}}\n\n";
     const DONE: &str = "data: [DONE]\n\n";
 
+    fn feed(meter: &mut Meter, piece: impl Into<Bytes>) -> Bytes {
+        meter.push(piece.into());
+        meter.take()
+    }
+
     fn run(meter: &mut Meter, pieces: &[&str]) -> String {
         let mut out = Vec::new();
         for piece in pieces {
-            out.extend_from_slice(&meter.feed(Bytes::from(piece.to_string())));
+            out.extend_from_slice(&feed(meter, piece.to_string()));
         }
         out.extend_from_slice(&meter.finish());
         String::from_utf8(out).unwrap()
@@ -281,6 +330,36 @@ mod tests {
             })
         );
         assert_eq!(meter.generated(), 3);
+    }
+
+    #[test]
+    fn frames_pushed_before_a_take_leave_in_one_piece_without_the_usage_frame() {
+        let mut meter = Meter::sse(false);
+        let partial = &CONTENT[..20];
+        for piece in [CONTENT, CONTENT_1, USAGE, DONE, partial] {
+            meter.push(Bytes::from(piece));
+        }
+        let out = meter.take();
+        assert_eq!(out, [CONTENT, CONTENT_1, DONE].concat());
+        assert_eq!(meter.held(), partial.len(), "the incomplete frame waits");
+        assert_eq!(meter.reported().map(|u| u.completion_tokens), Some(3));
+        assert_eq!(meter.generated(), 3);
+    }
+
+    #[test]
+    fn json_chunks_pushed_before_a_take_leave_in_one_piece() {
+        let mut meter = Meter::json();
+        meter.push(Bytes::from_static(b"{\"usage\":"));
+        meter.push(Bytes::from_static(
+            b"{\"prompt_tokens\":1,\"completion_tokens\":2}}",
+        ));
+        assert_eq!(meter.held(), 51);
+        assert_eq!(
+            meter.take(),
+            "{\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}"
+        );
+        assert_eq!((meter.held(), meter.take().len()), (0, 0));
+        assert_eq!(meter.reported().map(|u| u.completion_tokens), Some(2));
     }
 
     #[test]
@@ -352,7 +431,7 @@ mod tests {
         let frame = CONTENT.replace("\n\n", "\r\n\r\n");
         let mut out = Vec::new();
         for (i, byte) in frame.bytes().enumerate() {
-            let relayed = meter.feed(Bytes::from(vec![byte]));
+            let relayed = feed(&mut meter, vec![byte]);
             if i + 1 < frame.len() {
                 assert!(relayed.is_empty(), "nothing before the frame is complete");
             }

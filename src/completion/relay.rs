@@ -1,7 +1,13 @@
-//! Relaying the upstream's answer: status and body pass through byte for byte and
-//! unbuffered (SSE frames are forwarded as they complete), metered on the way; an
-//! error status is wrapped in our envelope instead. The request's slot is held until
-//! the last byte is relayed or the client goes away.
+//! Relaying the upstream's answer: status and body pass through byte for byte,
+//! metered on the way; an error status is wrapped in our envelope instead. The
+//! request's slot is held until the last byte is relayed or the client goes away.
+//!
+//! - A stream (and any large or unsized body) is relayed unbuffered: what the upstream
+//!   has delivered goes out in one write, cut after the last complete SSE frame, so a
+//!   fast stream costs one write per read from the upstream, not one per frame.
+//! - A small JSON answer (a `Content-Length` of at most [`WHOLE_BODY_MAX`]) is read
+//!   whole first, settled, and sent in one write with its length: the client cannot use
+//!   half a JSON body, and it gets the answer only once its slot is free.
 
 use std::future::Future;
 use std::io;
@@ -13,20 +19,21 @@ use axum::body::Body;
 use axum::http::header;
 use axum::response::Response;
 use bytes::Bytes;
-use futures_util::{Stream, TryStreamExt};
+use futures_util::{Stream, StreamExt};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::completion::dispatch::stopped_answering;
 use crate::completion::meter::Meter;
 use crate::completion::settle::Settlement;
 use crate::error::ApiError;
 use crate::metrics::{UpstreamMetrics, UpstreamOutcome};
-use crate::upstream::upstream_rejection;
+use crate::upstream::{Answer, ByteStream, upstream_rejection};
 
-/// Response headers worth keeping from the upstream; everything else is hop-by-hop or
-/// the upstream server's own business. (Content-Length is not kept: dropping the
-/// usage frame of a stream changes the length.)
-const KEPT_HEADERS: [header::HeaderName; 1] = [header::CONTENT_TYPE];
+/// A JSON answer up to this long is read whole before it is relayed.
+pub const WHOLE_BODY_MAX: u64 = 64 * 1024;
+/// Bytes the upstream has already delivered are relayed together, up to this many.
+const GATHER_MAX: usize = 64 * 1024;
 
 /// Resolves, with the reason, when a relayed body must be cut short.
 pub type Cut = Pin<Box<dyn Future<Output = &'static str> + Send>>;
@@ -45,7 +52,7 @@ pub fn cut(draining: CancellationToken, lost: CancellationToken) -> Cut {
 /// `forward_usage`: whether the client asked for a stream's usage-only frame.
 /// `timing`: the upstream's series, for its outcome, time to the first byte and duration.
 pub async fn relay(
-    upstream: reqwest::Response,
+    upstream: Answer,
     mut settlement: Settlement,
     forward_usage: bool,
     timing: Timing,
@@ -58,9 +65,12 @@ pub async fn relay(
         return Err(rejection);
     }
     timing.metrics.outcome(UpstreamOutcome::Ok);
-    let is_sse = upstream
-        .headers()
-        .get(header::CONTENT_TYPE)
+    // Of the upstream's headers only the content type is kept: the others are
+    // hop-by-hop or the node's own business, and a stream's length changes when its
+    // usage frame is dropped (a whole body gets its length from the relay).
+    let content_type = upstream.content_type().cloned();
+    let is_sse = content_type
+        .as_ref()
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
     settlement.meter = if is_sse {
@@ -69,19 +79,26 @@ pub async fn relay(
         Meter::json()
     };
     let mut response = Response::builder().status(upstream.status());
-    for name in KEPT_HEADERS {
-        if let Some(value) = upstream.headers().get(&name) {
-            response = response.header(&name, value);
-        }
+    if let Some(value) = content_type {
+        response = response.header(header::CONTENT_TYPE, value);
+    }
+    if !is_sse
+        && upstream
+            .content_length()
+            .is_some_and(|n| n <= WHOLE_BODY_MAX)
+    {
+        return relay_whole(upstream, response, settlement, timing, cut).await;
     }
     // Dropping this body (the client went away) drops the upstream response, which
     // closes its connection, and vLLM aborts the generation; the settlement charges
     // what was relayed so far.
     let body = Metered {
-        inner: Box::pin(upstream.bytes_stream().map_err(io::Error::other)),
+        inner: upstream.into_body(),
         settlement,
         rest: None,
         settling: None,
+        end: None,
+        yielded: false,
         ended: false,
         timing,
         first_seen: false,
@@ -92,7 +109,47 @@ pub async fn relay(
         .map_err(ApiError::internal)
 }
 
-type ByteStream = Pin<Box<dyn Stream<Item = io::Result<Bytes>> + Send>>;
+/// Reads a small answer whole, settles, then answers with it. An answer that stops
+/// before its length is a 502 with the envelope, since nothing was sent yet.
+async fn relay_whole(
+    upstream: Answer,
+    response: axum::http::response::Builder,
+    mut settlement: Settlement,
+    timing: Timing,
+    cut: Cut,
+) -> Result<Response, ApiError> {
+    let mut body = upstream.into_body();
+    let read = async {
+        while let Some(chunk) = body.next().await {
+            settlement
+                .meter
+                .push(chunk.map_err(|_| stopped_answering())?);
+        }
+        Ok(())
+    };
+    let read = tokio::select! {
+        read = read => read,
+        reason = cut => Err(cut_short(reason)),
+    };
+    if let Err(err) = read {
+        settlement.finish().await;
+        return Err(err);
+    }
+    timing.metrics.first_byte(timing.sent);
+    timing.metrics.finished(timing.sent);
+    let body = settlement.meter.take();
+    settlement.finish().await;
+    response.body(Body::from(body)).map_err(ApiError::internal)
+}
+
+/// 502: a cut (see [`cut`]) stopped the answer before any of it was sent.
+fn cut_short(reason: &str) -> ApiError {
+    ApiError::UpstreamRejected {
+        status: axum::http::StatusCode::BAD_GATEWAY,
+        kind: "upstream_error",
+        message: format!("The answer was cut short: {reason}. Retry shortly."),
+    }
+}
 
 struct Metered {
     inner: ByteStream,
@@ -102,6 +159,11 @@ struct Metered {
     /// The settlement under way: the body ends only after it, so a client that has the
     /// whole answer finds its slot free and its usage counted.
     settling: Option<JoinHandle<()>>,
+    /// How the upstream body ended (`Some(None)`: complete), when that was seen while
+    /// gathering: acted on once the bytes before it are relayed.
+    end: Option<Option<io::Error>>,
+    /// Whether the body has yielded once before relaying an error seen while gathering.
+    yielded: bool,
     ended: bool,
     timing: Timing,
     first_seen: bool,
@@ -137,28 +199,55 @@ impl Stream for Metered {
                 this.settling = this.settlement.settle();
                 return Poll::Ready(Some(Err(io::Error::other(reason))));
             }
-            match ready!(this.inner.as_mut().poll_next(cx)) {
-                Some(Ok(chunk)) => {
-                    if !std::mem::replace(&mut this.first_seen, true) {
-                        this.timing.metrics.first_byte(this.timing.sent);
+            if matches!(this.end, Some(Some(_))) && !std::mem::replace(&mut this.yielded, true) {
+                // An error makes hyper drop the connection with whatever it still holds
+                // unwritten: yield once, so the bytes relayed before it are written first.
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            let end = match this.end.take() {
+                Some(end) => end,
+                None => match ready!(this.inner.as_mut().poll_next(cx)) {
+                    Some(Ok(chunk)) => {
+                        if !std::mem::replace(&mut this.first_seen, true) {
+                            this.timing.metrics.first_byte(this.timing.sent);
+                        }
+                        this.gather(chunk, cx);
+                        let out = this.settlement.meter.take();
+                        if !out.is_empty() {
+                            return Poll::Ready(Some(Ok(out)));
+                        }
+                        continue;
                     }
-                    let out = this.settlement.meter.feed(chunk);
-                    if !out.is_empty() {
-                        return Poll::Ready(Some(Ok(out)));
-                    }
-                }
-                Some(Err(err)) => {
-                    this.ended = true;
-                    this.settling = this.settlement.settle();
-                    return Poll::Ready(Some(Err(err)));
-                }
+                    Some(Err(err)) => Some(err),
+                    None => None,
+                },
+            };
+            this.ended = true;
+            this.settling = this.settlement.settle();
+            match end {
+                Some(err) => return Poll::Ready(Some(Err(err))),
                 None => {
-                    this.ended = true;
                     this.timing.metrics.finished(this.timing.sent);
                     let rest = this.settlement.meter.finish();
                     this.rest = (!rest.is_empty()).then_some(rest);
-                    this.settling = this.settlement.settle();
                 }
+            }
+        }
+    }
+}
+
+impl Metered {
+    /// Meters `chunk` and whatever else the upstream has already delivered (up to
+    /// [`GATHER_MAX`]), noting the body's end if it came too.
+    fn gather(&mut self, chunk: Bytes, cx: &mut Context<'_>) {
+        self.settlement.meter.push(chunk);
+        while self.end.is_none() && self.settlement.meter.held() < GATHER_MAX {
+            match self.inner.as_mut().poll_next(cx) {
+                Poll::Ready(Some(Ok(chunk))) => self.settlement.meter.push(chunk),
+                Poll::Ready(Some(Err(err))) => self.end = Some(Some(err)),
+                Poll::Ready(None) => self.end = Some(None),
+                Poll::Pending => break,
             }
         }
     }

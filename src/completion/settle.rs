@@ -107,6 +107,12 @@ impl Settlement {
     /// client that retries at once finds its slot).
     pub async fn release_unused(mut self) {
         self.charged = false;
+        self.finish().await;
+    }
+
+    /// Settles, charging what the meter saw; returns once the slot is free again and
+    /// the usage queued for the ledger.
+    pub async fn finish(mut self) {
         if let Some(settling) = self.settle() {
             // A failed settlement task has logged its error.
             let _ = settling.await;

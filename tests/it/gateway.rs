@@ -25,6 +25,11 @@ async fn json_completion_is_relayed_and_only_the_model_is_rewritten() {
             .starts_with("req_")
     );
     let text = response.text().await.unwrap();
+    assert_eq!(
+        headers["content-length"].to_str().unwrap(),
+        text.len().to_string(),
+        "a JSON answer comes whole, with its length"
+    );
     // vLLM's compact body with every null kept: relayed, not re-serialised.
     assert!(text.starts_with(r#"{"id":"cmpl-"#), "{text}");
     assert!(text.contains(r#""service_tier":null"#), "{text}");
