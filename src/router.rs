@@ -7,6 +7,7 @@ use axum::middleware;
 use axum::routing::get;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::compression::CompressionLayer;
+use tower_http::compression::predicate::{NotForContentType, Predicate, SizeAbove};
 use tower_http::trace::TraceLayer;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
@@ -18,6 +19,11 @@ use crate::http::{auth, envelope, fallback, request_record};
 use crate::openapi::ApiDoc;
 use crate::state::AppState;
 use crate::{admin, completion, models, ops, usage};
+
+/// Answers shorter than this go out uncompressed: a gzip stream's state (a few hundred
+/// KiB, zeroed for every response) costs far more than the few hundred bytes it would
+/// save, and a short answer fits in one TCP segment either way.
+const COMPRESS_MIN_BYTES: u64 = 1024;
 
 /// The key-protected `/v1` routes.
 fn v1_routes() -> OpenApiRouter<AppState> {
@@ -74,7 +80,7 @@ pub fn build_router(state: AppState) -> Router {
 
     // Layers run outside-in for requests, inside-out for responses:
     // - compression is outermost so it compresses the final body, error envelopes
-    //   included (it leaves text/event-stream alone);
+    //   included (it leaves text/event-stream and short answers alone);
     // - the envelope sets the request id before tracing opens its span, and renders
     //   every error response produced beneath it, panics included;
     // - the request record sits inside the envelope so it sees each error's code before
@@ -106,7 +112,14 @@ pub fn build_router(state: AppState) -> Router {
                 .on_failure(()),
         )
         .layer(middleware::from_fn(envelope::envelope))
-        .layer(CompressionLayer::new())
+        .layer(
+            CompressionLayer::new().compress_when(
+                SizeAbove::new(COMPRESS_MIN_BYTES)
+                    .and(NotForContentType::GRPC)
+                    .and(NotForContentType::IMAGES)
+                    .and(NotForContentType::SSE),
+            ),
+        )
         .with_state(state)
 }
 

@@ -389,10 +389,19 @@ async fn a_long_text_prompt_is_tokenized_to_decide_the_full_vocab_rule() {
 }
 
 #[tokio::test]
-async fn gzip_is_applied_to_json_when_accepted_but_never_to_streams() {
+async fn gzip_is_applied_to_json_when_accepted_but_never_to_streams_or_short_answers() {
     let gw = Gateway::start().await;
+    let short = gw
+        .complete(r#"{"model":"llama-8b","prompt":"Hi","max_tokens":2}"#)
+        .header("accept-encoding", "gzip")
+        .send()
+        .await
+        .unwrap();
+    assert!(short.headers().get("content-encoding").is_none());
+    assert!(short.bytes().await.unwrap().len() < 1024);
+
     let response = gw
-        .complete(r#"{"model":"llama-8b","prompt":"Hi","max_tokens":2,"logprobs":5}"#)
+        .complete(r#"{"model":"llama-8b","prompt":"Hi","max_tokens":16,"logprobs":5}"#)
         .header("accept-encoding", "gzip")
         .send()
         .await
