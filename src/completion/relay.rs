@@ -32,8 +32,10 @@ use crate::upstream::{Answer, ByteStream, upstream_rejection};
 
 /// A JSON answer up to this long is read whole before it is relayed.
 pub const WHOLE_BODY_MAX: u64 = 64 * 1024;
-/// Bytes the upstream has already delivered are relayed together, up to this many.
-const GATHER_MAX: usize = 64 * 1024;
+/// Bytes the upstream has delivered are relayed together, up to this many: a fast
+/// stream goes out in writes of this size rather than one per frame, and a gather never
+/// holds bytes back for long waiting for more reads to fill it.
+const GATHER_MAX: usize = 16 * 1024;
 
 /// Resolves, with the reason, when a relayed body must be cut short.
 pub type Cut = Pin<Box<dyn Future<Output = &'static str> + Send>>;
@@ -209,10 +211,14 @@ impl Stream for Metered {
                 Some(end) => end,
                 None => match ready!(this.inner.as_mut().poll_next(cx)) {
                     Some(Ok(chunk)) => {
-                        if !std::mem::replace(&mut this.first_seen, true) {
+                        if std::mem::replace(&mut this.first_seen, true) {
+                            this.gather(chunk, cx);
+                        } else {
+                            // The first bytes go out at once: gathering would hold a
+                            // fast stream's first frame until more had come.
                             this.timing.metrics.first_byte(this.timing.sent);
+                            this.settlement.meter.push(chunk);
                         }
-                        this.gather(chunk, cx);
                         let out = this.settlement.meter.take();
                         if !out.is_empty() {
                             return Poll::Ready(Some(Ok(out)));
