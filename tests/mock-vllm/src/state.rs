@@ -1,5 +1,6 @@
 //! State shared by the handlers and the [`MockVllm`](super::MockVllm) handle: the
-//! failure mode, the request log, the in-flight/cancelled counters and the gate.
+//! failure mode, the request log, the in-flight/cancelled counters, the gate and the
+//! prefix cache.
 //! Counters and the gate are `watch` channels so waiters never poll.
 
 use std::sync::{Arc, Mutex};
@@ -10,6 +11,7 @@ use super::config::{FailureMode, MockConfig, ReceivedRequest};
 use super::listener::ListenerControl;
 use super::lock::lock;
 use super::model::ToyModel;
+use super::prefix_cache::PrefixCache;
 use super::tokenizer::Tokenizer;
 
 pub(crate) struct Shared {
@@ -17,6 +19,11 @@ pub(crate) struct Shared {
     pub tokenizer: Tokenizer,
     pub model: ToyModel,
     pub listener: ListenerControl,
+    pub prefix_cache: PrefixCache,
+    /// When the server started (seconds since the epoch), for the counters' `_created`.
+    pub started_secs: u64,
+    /// Held while a prompt is prefilled: one prefill at a time.
+    prefill: tokio::sync::Mutex<()>,
     failure: Mutex<FailureMode>,
     received: Mutex<Vec<ReceivedRequest>>,
     in_flight: watch::Sender<usize>,
@@ -30,6 +37,11 @@ impl Shared {
         let tokenizer = Tokenizer::new(config.vocab_size);
         let model = ToyModel::new(&tokenizer);
         Self {
+            prefix_cache: PrefixCache::new(config.prefix_cache_tokens),
+            prefill: tokio::sync::Mutex::new(()),
+            started_secs: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
             config,
             tokenizer,
             model,
@@ -90,6 +102,20 @@ impl Shared {
 
     pub fn set_gate(&self, open: bool) {
         self.gate.send_replace(open);
+    }
+
+    /// Looks the prompts up in the prefix cache and prefills what it misses, after the
+    /// prefills before.
+    pub async fn prefill(&self, prompts: &[&[u32]]) {
+        let uncached: usize = prompts
+            .iter()
+            .map(|ids| ids.len() - self.prefix_cache.query(ids))
+            .sum();
+        let time = self.config.prefill_per_token * uncached as u32;
+        if !time.is_zero() {
+            let _engine = self.prefill.lock().await;
+            tokio::time::sleep(time).await;
+        }
     }
 
     pub async fn gate_passed(&self) {
