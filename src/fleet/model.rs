@@ -1,6 +1,8 @@
-//! One configured model: its nodes, the power-of-two-choices pick among those that are
-//! up and have room, and its fleet queue (`fleet.queue_size`, `fleet.queue_timeout_ms`)
-//! for when every node that is up is at its `max_in_flight`.
+//! One configured model: its nodes, the pick among those that are up and have room —
+//! the prefix's owner with `routing = "prefix"` (`prefix.rs`), else (or when the owner
+//! is overloaded or full) power of two choices by load — and its fleet queue
+//! (`fleet.queue_size`, `fleet.queue_timeout_ms`) for when every node that is up is at
+//! its `max_in_flight`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -10,9 +12,10 @@ use rand::Rng;
 use tokio::sync::Notify;
 
 use super::node::{InFlight, Node};
+use super::prefix::{self, Affinity, Balance, Decision, PromptStart};
 use super::sleep::Sleep;
 use crate::backoff::Backoff;
-use crate::config::{FleetSettings, ModelConfig};
+use crate::config::{FleetSettings, ModelConfig, Routing};
 use crate::error::ApiError;
 use crate::upstream::Served;
 
@@ -29,8 +32,17 @@ pub struct Model {
     queued: AtomicU32,
     queue_size: u32,
     queue_timeout: Duration,
+    /// With `routing = "prefix"`: how deep prompts are keyed and when the owner is
+    /// passed over.
+    prefix: Option<PrefixRouting>,
     /// Scale to zero (wake hook, keep-warm), when configured.
     pub sleep: Sleep,
+}
+
+#[derive(Clone, Copy)]
+struct PrefixRouting {
+    depth_bytes: usize,
+    balance: Balance,
 }
 
 /// Why no node could be had.
@@ -75,6 +87,15 @@ impl Model {
             queued: AtomicU32::new(0),
             queue_size: fleet.queue_size,
             queue_timeout: Duration::from_millis(fleet.queue_timeout_ms),
+            prefix: (config.routing.unwrap_or(fleet.routing) == Routing::Prefix).then_some(
+                PrefixRouting {
+                    depth_bytes: fleet.prefix_bytes,
+                    balance: Balance {
+                        abs: fleet.prefix_imbalance_abs,
+                        rel: fleet.prefix_imbalance_rel,
+                    },
+                },
+            ),
             sleep: Sleep::new(config),
         }
     }
@@ -120,10 +141,24 @@ impl Model {
         }
     }
 
-    /// A node for the next request, counted in flight from here on; waits in the fleet
-    /// queue while every node that is up is full. `exclude`: a node that just failed
-    /// this request.
-    pub async fn acquire(&self, exclude: Option<&Node>) -> Result<InFlight, NoNode> {
+    /// Where a request with this prompt wants to go.
+    pub fn affinity(&self, start: PromptStart<'_>) -> Affinity {
+        match self.prefix {
+            None => Affinity::Load,
+            Some(routing) => {
+                prefix::key(start, routing.depth_bytes).map_or(Affinity::NoKey, Affinity::Key)
+            }
+        }
+    }
+
+    /// A node for the next request, counted in flight from here on, and how it was
+    /// picked; waits in the fleet queue while every node that is up is full. `exclude`:
+    /// a node that just failed this request.
+    pub async fn acquire(
+        &self,
+        exclude: Option<&Node>,
+        affinity: Affinity,
+    ) -> Result<(InFlight, Decision), NoNode> {
         let give_up = Instant::now() + self.queue_timeout;
         let mut waiting: Option<Queued<'_>> = None;
         loop {
@@ -131,7 +166,7 @@ impl Model {
             let freed = self.freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
-            match self.try_pick(exclude) {
+            match self.try_pick(exclude, affinity) {
                 Ok(taken) => return Ok(taken),
                 Err(NoNode::NoneUp) => return Err(NoNode::NoneUp),
                 Err(NoNode::Busy) => {}
@@ -145,14 +180,64 @@ impl Model {
         }
     }
 
+    /// The nodes a request may go to: up, and not the one that just failed it.
+    fn candidates<'a>(&'a self, exclude: Option<&'a Node>) -> impl Iterator<Item = &'a Arc<Node>> {
+        self.in_rotation()
+            .filter(move |u| !exclude.is_some_and(|e| std::ptr::eq(e, &***u)))
+    }
+
+    /// The prefix's owner, unless it is overloaded or full; else power of two choices.
+    fn try_pick(
+        &self,
+        exclude: Option<&Node>,
+        affinity: Affinity,
+    ) -> Result<(InFlight, Decision), NoNode> {
+        let decision = match (affinity, self.prefix) {
+            (Affinity::Key(key), Some(routing)) => {
+                match self.try_owner(key, routing.balance, exclude)? {
+                    Some(taken) => return Ok((taken, Decision::Owner)),
+                    None => Decision::FallbackLoad,
+                }
+            }
+            (Affinity::NoKey, _) => Decision::NoOwner,
+            _ => Decision::Load,
+        };
+        self.try_least_loaded(exclude)
+            .map(|taken| (taken, decision))
+    }
+
+    /// The node with the highest rendezvous score for `key` among the candidates,
+    /// counted in flight, if it has room and is not overloaded next to the lightest
+    /// node that has room.
+    fn try_owner(
+        &self,
+        key: u64,
+        balance: Balance,
+        exclude: Option<&Node>,
+    ) -> Result<Option<InFlight>, NoNode> {
+        let mut owner: Option<(f64, &Arc<Node>)> = None;
+        let mut lightest = f64::INFINITY;
+        for node in self.candidates(exclude) {
+            let score = prefix::score(key, node.seed, node.weight);
+            if owner.is_none_or(|(best, _)| score > best) {
+                owner = Some((score, node));
+            }
+            if node.has_room() {
+                lightest = lightest.min(node.load());
+            }
+        }
+        let (_, owner) = owner.ok_or(NoNode::NoneUp)?;
+        if !owner.has_room() || balance.overloaded(owner.load(), lightest) {
+            return Ok(None);
+        }
+        Ok(owner.try_start())
+    }
+
     /// Power of two choices among the nodes that are up and have room.
-    fn try_pick(&self, exclude: Option<&Node>) -> Result<InFlight, NoNode> {
-        let up = self
-            .in_rotation()
-            .filter(|u| !exclude.is_some_and(|e| std::ptr::eq(e, &***u)));
+    fn try_least_loaded(&self, exclude: Option<&Node>) -> Result<InFlight, NoNode> {
         let mut open: Vec<&Arc<Node>> = Vec::with_capacity(self.nodes.len());
         let mut any_up = false;
-        for upstream in up {
+        for upstream in self.candidates(exclude) {
             any_up = true;
             if upstream.has_room() {
                 open.push(upstream);
