@@ -20,6 +20,9 @@ const ENV_NOT_CONFIG: &[&str] = &["config"];
 /// The most of a prompt's start that prefix routing hashes: 64 KiB.
 const MAX_PREFIX_BYTES: usize = 64 * 1024;
 
+/// The most prefixes prefix routing may remember per model: 16 Mi (128 MiB).
+const MAX_PREFIX_TRACKED: usize = 16 * 1024 * 1024;
+
 /// The longest duration any `*_ms` setting may have: 7 days.
 const MAX_DURATION_MS: u64 = 7 * 24 * 3_600_000;
 
@@ -231,14 +234,20 @@ pub struct FleetSettings {
     pub prefix_imbalance_abs: f64,
     #[serde(default = "default_prefix_imbalance_rel")]
     pub prefix_imbalance_rel: f64,
+    /// `prefix` routing: how many recently seen prefixes each replica remembers per
+    /// model (8 bytes each). Only a prefix seen before goes to its owner; a new one takes
+    /// the least-loaded pick.
+    #[serde(default = "default_prefix_tracked")]
+    pub prefix_tracked: usize,
 }
 
 /// How a model's requests choose their node (`fleet.routing`, `models.routing`).
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum Routing {
-    Prefix,
+    /// The default: it measured better (`benches/prefix-routing`).
     #[default]
+    Prefix,
     Load,
 }
 
@@ -257,6 +266,7 @@ impl Default for FleetSettings {
             prefix_bytes: default_prefix_bytes(),
             prefix_imbalance_abs: default_prefix_imbalance_abs(),
             prefix_imbalance_rel: default_prefix_imbalance_rel(),
+            prefix_tracked: default_prefix_tracked(),
         }
     }
 }
@@ -370,6 +380,9 @@ fn default_prefix_imbalance_abs() -> f64 {
 }
 fn default_prefix_imbalance_rel() -> f64 {
     1.5
+}
+fn default_prefix_tracked() -> usize {
+    16_384
 }
 /// 26 tokens/s over the default 600 s window: ~15,600 tokens.
 fn default_decode_tokens_per_second() -> f64 {
@@ -587,6 +600,12 @@ impl Config {
                 fleet.prefix_bytes
             ));
         }
+        if !(1..=MAX_PREFIX_TRACKED).contains(&fleet.prefix_tracked) {
+            return invalid(format!(
+                "fleet.prefix_tracked must be between 1 and {MAX_PREFIX_TRACKED} (got {})",
+                fleet.prefix_tracked
+            ));
+        }
         if !(fleet.prefix_imbalance_abs.is_finite() && fleet.prefix_imbalance_abs >= 0.0) {
             return invalid(format!(
                 "fleet.prefix_imbalance_abs must be 0 or more (got {})",
@@ -644,7 +663,7 @@ mod tests {
         let defaults = with("", "").unwrap();
         assert_eq!(
             (defaults.fleet.routing, defaults.models[0].routing),
-            (Routing::Load, None)
+            (Routing::Prefix, None)
         );
         assert!(refusal("routing = \"random\"").contains("random"));
     }
@@ -654,6 +673,7 @@ mod tests {
         assert!(refusal("prefix_bytes = 100").contains("fleet.prefix_bytes must be between 256"));
         assert!(refusal("prefix_imbalance_abs = -1").contains("fleet.prefix_imbalance_abs"));
         assert!(refusal("prefix_imbalance_rel = 0.5").contains("fleet.prefix_imbalance_rel"));
+        assert!(refusal("prefix_tracked = 0").contains("fleet.prefix_tracked must be between 1"));
         assert!(with("prefix_imbalance_abs = 0\nprefix_imbalance_rel = 1", "").is_ok());
     }
 }

@@ -274,7 +274,7 @@ impl Metrics {
         let routing_decisions = Family::<RoutingLabels, Counter>::default();
         registry.register(
             "routing_decisions",
-            "Requests of models with routing = \"prefix\", by how their node was picked: owner (the node that owns the prompt's prefix), fallback_load (the owner was overloaded or full: the least-loaded pick) or no_owner (a prompt shorter than one block: the least-loaded pick)",
+            "Requests of models with routing = \"prefix\", by how their node was picked: owner (the node that owns the prompt's prefix), fallback_load (the owner of a prefix seen before was overloaded or full: the least-loaded pick) or no_owner (a prompt shorter than one block, or a prefix this replica has not seen recently whose owner was busier than the lightest node: the least-loaded pick)",
             routing_decisions.clone(),
         );
         let routing = fleet

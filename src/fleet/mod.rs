@@ -96,6 +96,12 @@ mod tests {
         format!("document {i}: ") + &"a shared prefix of some length ".repeat(40)
     }
 
+    /// The fleet sees `prompt` once (prefix routing sends only prefixes it has seen to
+    /// their owner).
+    fn introduce(fleet: &Fleet, prompt: &str) {
+        fleet.models()[0].affinity(PromptStart::Text(prompt.as_bytes()));
+    }
+
     async fn pick(fleet: &Fleet, prompt: &str) -> (InFlight, Decision) {
         let model = &fleet.models()[0];
         let affinity = model.affinity(PromptStart::Text(prompt.as_bytes()));
@@ -108,6 +114,8 @@ mod tests {
         let mut owners = HashSet::new();
         for i in 0..500 {
             let prompt = document(i);
+            introduce(&a, &prompt);
+            introduce(&b, &prompt);
             let (on_a, decision) = pick(&a, &format!("{prompt} one branch")).await;
             let (on_b, _) = pick(&b, &format!("{prompt} another branch")).await;
             assert_eq!(decision, Decision::Owner);
@@ -120,6 +128,7 @@ mod tests {
     #[tokio::test]
     async fn a_full_or_overloaded_owner_is_passed_over_for_the_least_loaded_node() {
         let full = fleet(PREFIX, "max_in_flight = 1");
+        introduce(&full, &document(0));
         let (held, _) = pick(&full, &document(0)).await;
         let (other, decision) = pick(&full, &document(0)).await;
         assert_eq!(decision, Decision::FallbackLoad);
@@ -129,6 +138,7 @@ mod tests {
             &format!("{PREFIX}\nprefix_imbalance_abs = 3\nprefix_imbalance_rel = 2"),
             "",
         );
+        introduce(&busy, &document(0));
         let mut held = Vec::new();
         for _ in 0..4 {
             let (taken, decision) = pick(&busy, &document(0)).await;
@@ -143,9 +153,21 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_short_prompt_has_no_owner_and_load_routing_none_at_all() {
+    async fn a_short_prompt_or_a_new_one_on_a_busy_owner_has_none_and_load_routing_none() {
         let prefix = fleet(PREFIX, "");
         assert_eq!(pick(&prefix, "short").await.1, Decision::NoOwner);
+        assert_eq!(pick(&prefix, "short").await.1, Decision::NoOwner);
+        let forgetful = fleet(&format!("{PREFIX}\nprefix_tracked = 1"), "");
+        let (held, decision) = pick(&forgetful, &document(0)).await;
+        assert_eq!(decision, Decision::Owner, "new, and every node idle");
+        // Forgotten (one slot), so new again: its owner, one request above the idle
+        // nodes, is passed over.
+        introduce(&forgetful, &document(1));
+        let (elsewhere, decision) = pick(&forgetful, &document(0)).await;
+        assert_eq!(decision, Decision::NoOwner);
+        assert_ne!(held.upstream().url, elsewhere.upstream().url);
+        // Seen now: one above is within the balance.
+        assert_eq!(pick(&forgetful, &document(0)).await.1, Decision::Owner);
         let load = fleet("routing = \"load\"", "");
         assert_eq!(pick(&load, &document(0)).await.1, Decision::Load);
     }

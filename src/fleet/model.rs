@@ -12,7 +12,7 @@ use rand::Rng;
 use tokio::sync::Notify;
 
 use super::node::{InFlight, Node};
-use super::prefix::{self, Affinity, Balance, Decision, PromptStart};
+use super::prefix::{self, Affinity, Balance, Decision, PromptStart, Seen};
 use super::sleep::Sleep;
 use crate::backoff::Backoff;
 use crate::config::{FleetSettings, ModelConfig, Routing};
@@ -32,17 +32,17 @@ pub struct Model {
     queued: AtomicU32,
     queue_size: u32,
     queue_timeout: Duration,
-    /// With `routing = "prefix"`: how deep prompts are keyed and when the owner is
-    /// passed over.
+    /// With `routing = "prefix"`: how deep prompts are keyed, when the owner is passed
+    /// over, and the prefixes seen recently.
     prefix: Option<PrefixRouting>,
     /// Scale to zero (wake hook, keep-warm), when configured.
     pub sleep: Sleep,
 }
 
-#[derive(Clone, Copy)]
 struct PrefixRouting {
     depth_bytes: usize,
     balance: Balance,
+    seen: Seen,
 }
 
 /// Why no node could be had.
@@ -94,6 +94,7 @@ impl Model {
                         abs: fleet.prefix_imbalance_abs,
                         rel: fleet.prefix_imbalance_rel,
                     },
+                    seen: Seen::new(fleet.prefix_tracked),
                 },
             ),
             sleep: Sleep::new(config),
@@ -141,13 +142,18 @@ impl Model {
         }
     }
 
-    /// Where a request with this prompt wants to go.
+    /// Where a request with this prompt wants to go; called once per request (it
+    /// remembers the prompt's prefix as seen).
     pub fn affinity(&self, start: PromptStart<'_>) -> Affinity {
-        match self.prefix {
-            None => Affinity::Load,
-            Some(routing) => {
-                prefix::key(start, routing.depth_bytes).map_or(Affinity::NoKey, Affinity::Key)
-            }
+        let Some(routing) = &self.prefix else {
+            return Affinity::Load;
+        };
+        match prefix::key(start, routing.depth_bytes) {
+            Some(key) => Affinity::Key {
+                key,
+                seen: routing.seen.saw(key),
+            },
+            None => Affinity::NoKey,
         }
     }
 
@@ -186,17 +192,24 @@ impl Model {
             .filter(move |u| !exclude.is_some_and(|e| std::ptr::eq(e, &***u)))
     }
 
-    /// The prefix's owner, unless it is overloaded or full; else power of two choices.
+    /// The prefix's owner, unless it is overloaded (a new prefix: busier than the
+    /// lightest node) or full; else power of two choices.
     fn try_pick(
         &self,
         exclude: Option<&Node>,
         affinity: Affinity,
     ) -> Result<(InFlight, Decision), NoNode> {
-        let decision = match (affinity, self.prefix) {
-            (Affinity::Key(key), Some(routing)) => {
-                match self.try_owner(key, routing.balance, exclude)? {
+        let decision = match (affinity, &self.prefix) {
+            (Affinity::Key { key, seen }, Some(routing)) => {
+                let balance = if seen {
+                    routing.balance
+                } else {
+                    Balance::STRICT
+                };
+                match self.try_owner(key, balance, exclude)? {
                     Some(taken) => return Ok((taken, Decision::Owner)),
-                    None => Decision::FallbackLoad,
+                    None if seen => Decision::FallbackLoad,
+                    None => Decision::NoOwner,
                 }
             }
             (Affinity::NoKey, _) => Decision::NoOwner,

@@ -13,10 +13,17 @@
 //!   configured with the same node URLs computes the same owner without talking to the
 //!   others, and a node that joins, leaves or is ejected moves only the keys it wins or
 //!   held: the others keep their owner.
-//! - Nothing is stored per prefix, so memory does not grow with traffic.
+//! - A prefix this replica has not seen recently ([`Seen`]) is held by no node yet, so it
+//!   goes to its owner only if no node is less loaded ([`Balance::STRICT`]); else to the
+//!   least-loaded pick. Prompts that share nothing thus spread as evenly as with
+//!   `routing = "load"`, while a prefix seen before keeps to its owner within the
+//!   configured balance. The table of seen keys has a fixed size (`fleet.prefix_tracked`
+//!   per model), so memory does not grow with traffic.
 //!
 //! The pick itself (the owner unless it is overloaded or full, else the least-loaded
 //! pick) is in `model.rs`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Bytes per hashed block of a text prompt.
 pub const PREFIX_BLOCK_BYTES: usize = 256;
@@ -42,8 +49,8 @@ pub enum Affinity {
     Load,
     /// `routing = "prefix"`, but the prompt is shorter than one block.
     NoKey,
-    /// The prompt's prefix key.
-    Key(u64),
+    /// The prompt's prefix key, and whether this replica saw it recently.
+    Key { key: u64, seen: bool },
 }
 
 /// How the node of a request was picked.
@@ -53,9 +60,11 @@ pub enum Decision {
     Load,
     /// The prefix's owner.
     Owner,
-    /// The owner was overloaded or at its `max_in_flight`: the least-loaded pick.
+    /// The owner of a prefix seen before was overloaded or at its `max_in_flight`: the
+    /// least-loaded pick.
     FallbackLoad,
-    /// The prompt had no key: the least-loaded pick.
+    /// No node is likely to hold the prompt's prefix (too short to have one, or new and
+    /// its owner busier than the lightest node): the least-loaded pick.
     NoOwner,
 }
 
@@ -117,8 +126,34 @@ pub struct Balance {
 }
 
 impl Balance {
+    /// For a new prefix: any node less loaded than the owner is better.
+    pub const STRICT: Self = Self { abs: 0.0, rel: 1.0 };
+
     pub fn overloaded(&self, owner: f64, lightest: f64) -> bool {
         owner - lightest > self.abs && owner > lightest * self.rel
+    }
+}
+
+/// The prefix keys a replica saw recently, for one model: a direct-mapped table in
+/// which each slot keeps the latest key that hashed to it. Fixed memory, no lock, no
+/// allocation; a key is forgotten once another takes its slot. (Empty slots hold 0, so
+/// the one key in 2^64 that is 0 counts as seen from the start.)
+pub struct Seen {
+    slots: Box<[AtomicU64]>,
+}
+
+impl Seen {
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            slots: (0..capacity.max(1)).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Whether `key` was seen since its slot last changed hands; remembered from now on
+    /// either way.
+    pub fn saw(&self, key: u64) -> bool {
+        let slot = (finalize(key) % self.slots.len() as u64) as usize;
+        self.slots[slot].swap(key, Ordering::Relaxed) == key
     }
 }
 
@@ -203,11 +238,34 @@ mod tests {
     }
 
     #[test]
+    fn the_seen_table_holds_at_most_its_capacity_of_keys() {
+        let seen = Seen::new(64);
+        let keys: Vec<u64> = (1..=10_000).map(finalize).collect();
+        assert!(!seen.saw(keys[0]), "new");
+        assert!(seen.saw(keys[0]), "seen");
+        for &key in &keys {
+            seen.saw(key);
+        }
+        assert!(seen.saw(keys[9_999]), "the latest key is remembered");
+        // 64 slots cannot hold 10,000 keys: the oldest were pushed out.
+        let old = keys[..1_000].iter().filter(|&&k| seen.saw(k)).count();
+        assert_eq!(
+            old, 0,
+            "of the 1,000 oldest keys, {old} are still remembered"
+        );
+    }
+
+    #[test]
     fn the_balance_needs_both_thresholds_crossed() {
         let balance = Balance { abs: 4.0, rel: 1.5 };
         assert!(!balance.overloaded(4.0, 0.0), "4 above is within abs");
         assert!(balance.overloaded(5.0, 0.0));
         assert!(!balance.overloaded(20.0, 15.0), "5 above, but 1.33 times");
         assert!(balance.overloaded(23.0, 15.0));
+        assert!(
+            !Balance::STRICT.overloaded(2.0, 2.0),
+            "as light as the lightest"
+        );
+        assert!(Balance::STRICT.overloaded(2.5, 2.0));
     }
 }

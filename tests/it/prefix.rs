@@ -1,6 +1,6 @@
 //! Prefix-cache-aware routing (`fleet.routing = "prefix"`): the node that owns a prompt's
-//! prefix gets it, on every replica; an overloaded, full or ejected owner is passed
-//! over, and an ejected one gets its prefixes back once it recovers.
+//! prefix gets it, on every replica; an overloaded, full or ejected owner is passed over,
+//! and an ejected one gets its prefixes back once it recovers.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
