@@ -63,15 +63,16 @@ struct RoutingLabels {
 }
 
 /// The outcomes of prefix routing, in the order of [`routing_index`].
-const ROUTING_OUTCOMES: [&str; 3] = ["owner", "fallback_load", "no_owner"];
+const ROUTING_OUTCOMES: [&str; 4] = ["owner", "runner_up", "fallback_load", "no_owner"];
 
 /// Where a decision is counted among [`ROUTING_OUTCOMES`]; `None` for `routing = "load"`.
 fn routing_index(decision: Decision) -> Option<usize> {
     match decision {
         Decision::Load => None,
         Decision::Owner => Some(0),
-        Decision::FallbackLoad => Some(1),
-        Decision::NoOwner => Some(2),
+        Decision::RunnerUp => Some(1),
+        Decision::FallbackLoad => Some(2),
+        Decision::NoOwner => Some(3),
     }
 }
 
@@ -176,7 +177,7 @@ struct Inner {
     upstream_ejections: Family<UpstreamLabels, Counter>,
     prefix_cache_hit_rate: Family<UpstreamLabels, Gauge<f64, AtomicU64>>,
     /// Each model's routing counters, resolved at start-up: no label is built per request.
-    routing: HashMap<String, [Counter; 3]>,
+    routing: HashMap<String, [Counter; 4]>,
     fleet_queued: Family<ModelLabels, Gauge>,
     admission_running: Gauge,
     admission_queued: Gauge,
@@ -274,7 +275,7 @@ impl Metrics {
         let routing_decisions = Family::<RoutingLabels, Counter>::default();
         registry.register(
             "routing_decisions",
-            "Requests of models with routing = \"prefix\", by how their node was picked: owner (the node that owns the prompt's prefix), fallback_load (the owner of a prefix seen before was overloaded or full: the least-loaded pick) or no_owner (a prompt shorter than one block, or a prefix this replica has not seen recently whose owner was busier than the lightest node: the least-loaded pick)",
+            "Requests of models with routing = \"prefix\", by how their node was picked: owner (the node that owns the prompt's prefix), runner_up (the owner was overloaded or full: the node that ranks next for the prefix), fallback_load (both were, for a prefix seen before: the least-loaded pick) or no_owner (a prompt shorter than one block, or a prefix this replica has not seen recently whose owner and runner-up were busier than the lightest node: the least-loaded pick)",
             routing_decisions.clone(),
         );
         let routing = fleet

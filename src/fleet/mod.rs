@@ -126,13 +126,17 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_full_or_overloaded_owner_is_passed_over_for_the_least_loaded_node() {
+    async fn a_full_or_overloaded_owner_is_passed_over_for_its_runner_up_then_by_load() {
         let full = fleet(PREFIX, "max_in_flight = 1");
         introduce(&full, &document(0));
-        let (held, _) = pick(&full, &document(0)).await;
-        let (other, decision) = pick(&full, &document(0)).await;
-        assert_eq!(decision, Decision::FallbackLoad);
-        assert_ne!(held.upstream().url, other.upstream().url);
+        let mut held = Vec::new();
+        for expected in [Decision::Owner, Decision::RunnerUp, Decision::FallbackLoad] {
+            let (taken, decision) = pick(&full, &document(0)).await;
+            assert_eq!(decision, expected);
+            held.push(taken);
+        }
+        let urls: HashSet<_> = held.iter().map(|t| t.upstream().url.clone()).collect();
+        assert_eq!(urls.len(), 3, "three different nodes");
 
         let busy = fleet(
             &format!("{PREFIX}\nprefix_imbalance_abs = 3\nprefix_imbalance_rel = 2"),
@@ -140,32 +144,40 @@ mod tests {
         );
         introduce(&busy, &document(0));
         let mut held = Vec::new();
-        for _ in 0..4 {
-            let (taken, decision) = pick(&busy, &document(0)).await;
-            assert_eq!(decision, Decision::Owner, "up to 3 above the idle nodes");
-            held.push(taken);
+        // Each takes requests up to 3 above the idle nodes (4 / 0 is more than 2 times).
+        for expected in [Decision::Owner, Decision::RunnerUp] {
+            for _ in 0..4 {
+                let (taken, decision) = pick(&busy, &document(0)).await;
+                assert_eq!(decision, expected);
+                held.push(taken);
+            }
         }
-        let (elsewhere, decision) = pick(&busy, &document(0)).await;
-        assert_eq!(decision, Decision::FallbackLoad, "4 above and 4 / 0 times");
-        assert_ne!(elsewhere.upstream().url, held[0].upstream().url);
+        assert_ne!(held[0].upstream().url, held[4].upstream().url);
+        assert_eq!(pick(&busy, &document(0)).await.1, Decision::FallbackLoad);
         drop(held);
         assert_eq!(pick(&busy, &document(0)).await.1, Decision::Owner);
     }
 
     #[tokio::test]
-    async fn a_short_prompt_or_a_new_one_on_a_busy_owner_has_none_and_load_routing_none() {
+    async fn a_short_prompt_or_a_new_one_on_busy_nodes_has_no_owner_and_load_routing_none() {
         let prefix = fleet(PREFIX, "");
         assert_eq!(pick(&prefix, "short").await.1, Decision::NoOwner);
         assert_eq!(pick(&prefix, "short").await.1, Decision::NoOwner);
         let forgetful = fleet(&format!("{PREFIX}\nprefix_tracked = 1"), "");
-        let (held, decision) = pick(&forgetful, &document(0)).await;
+        let (owner, decision) = pick(&forgetful, &document(0)).await;
         assert_eq!(decision, Decision::Owner, "new, and every node idle");
-        // Forgotten (one slot), so new again: its owner, one request above the idle
-        // nodes, is passed over.
+        // Forgotten (one slot), so new again each time: a node busier than the lightest
+        // is passed over.
         introduce(&forgetful, &document(1));
-        let (elsewhere, decision) = pick(&forgetful, &document(0)).await;
+        let (runner_up, decision) = pick(&forgetful, &document(0)).await;
+        assert_eq!(decision, Decision::RunnerUp);
+        introduce(&forgetful, &document(1));
+        let (other, decision) = pick(&forgetful, &document(0)).await;
         assert_eq!(decision, Decision::NoOwner);
-        assert_ne!(held.upstream().url, elsewhere.upstream().url);
+        let urls: HashSet<_> = [&owner, &runner_up, &other]
+            .map(|n| n.upstream().url.clone())
+            .into();
+        assert_eq!(urls.len(), 3);
         // Seen now: one above is within the balance.
         assert_eq!(pick(&forgetful, &document(0)).await.1, Decision::Owner);
         let load = fleet("routing = \"load\"", "");

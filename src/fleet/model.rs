@@ -1,6 +1,6 @@
 //! One configured model: its nodes, the pick among those that are up and have room —
-//! the prefix's owner with `routing = "prefix"` (`prefix.rs`), else (or when the owner
-//! is overloaded or full) power of two choices by load — and its fleet queue
+//! the prefix's owner (or its runner-up) with `routing = "prefix"` (`prefix.rs`), else
+//! (or when both are overloaded or full) power of two choices by load — and its fleet queue
 //! (`fleet.queue_size`, `fleet.queue_timeout_ms`) for when every node that is up is at
 //! its `max_in_flight`.
 
@@ -192,8 +192,9 @@ impl Model {
             .filter(move |u| !exclude.is_some_and(|e| std::ptr::eq(e, &***u)))
     }
 
-    /// The prefix's owner, unless it is overloaded (a new prefix: busier than the
-    /// lightest node) or full; else power of two choices.
+    /// The prefix's owner, or else the node that ranks next for it, unless it is
+    /// overloaded (for a new prefix: busier than the lightest node) or full; else power
+    /// of two choices.
     fn try_pick(
         &self,
         exclude: Option<&Node>,
@@ -206,8 +207,8 @@ impl Model {
                 } else {
                     Balance::STRICT
                 };
-                match self.try_owner(key, balance, exclude)? {
-                    Some(taken) => return Ok((taken, Decision::Owner)),
+                match self.try_ranked(key, balance, exclude)? {
+                    Some(taken) => return Ok(taken),
                     None if seen => Decision::FallbackLoad,
                     None => Decision::NoOwner,
                 }
@@ -219,31 +220,42 @@ impl Model {
             .map(|taken| (taken, decision))
     }
 
-    /// The node with the highest rendezvous score for `key` among the candidates,
-    /// counted in flight, if it has room and is not overloaded next to the lightest
-    /// node that has room.
-    fn try_owner(
+    /// The first of the two candidates with the highest rendezvous scores for `key`
+    /// that has room and is not overloaded next to the lightest node with room, counted
+    /// in flight. The runner-up takes the owner's overflow, so a prefix too busy for one
+    /// node is cached on two (the same two on every replica), not on all of them.
+    fn try_ranked(
         &self,
         key: u64,
         balance: Balance,
         exclude: Option<&Node>,
-    ) -> Result<Option<InFlight>, NoNode> {
-        let mut owner: Option<(f64, &Arc<Node>)> = None;
+    ) -> Result<Option<(InFlight, Decision)>, NoNode> {
+        let mut ranked: [Option<(f64, &Arc<Node>)>; 2] = [None, None];
         let mut lightest = f64::INFINITY;
         for node in self.candidates(exclude) {
             let score = prefix::score(key, node.seed, node.weight);
-            if owner.is_none_or(|(best, _)| score > best) {
-                owner = Some((score, node));
+            if ranked[0].is_none_or(|(best, _)| score > best) {
+                ranked = [Some((score, node)), ranked[0]];
+            } else if ranked[1].is_none_or(|(second, _)| score > second) {
+                ranked[1] = Some((score, node));
             }
             if node.has_room() {
                 lightest = lightest.min(node.load());
             }
         }
-        let (_, owner) = owner.ok_or(NoNode::NoneUp)?;
-        if !owner.has_room() || balance.overloaded(owner.load(), lightest) {
-            return Ok(None);
+        if ranked[0].is_none() {
+            return Err(NoNode::NoneUp);
         }
-        Ok(owner.try_start())
+        let decisions = [Decision::Owner, Decision::RunnerUp];
+        for ((_, node), decision) in ranked.into_iter().flatten().zip(decisions) {
+            if node.has_room()
+                && !balance.overloaded(node.load(), lightest)
+                && let Some(taken) = node.try_start()
+            {
+                return Ok(Some((taken, decision)));
+            }
+        }
+        Ok(None)
     }
 
     /// Power of two choices among the nodes that are up and have room.

@@ -14,14 +14,14 @@
 //!   others, and a node that joins, leaves or is ejected moves only the keys it wins or
 //!   held: the others keep their owner.
 //! - A prefix this replica has not seen recently ([`Seen`]) is held by no node yet, so it
-//!   goes to its owner only if no node is less loaded ([`Balance::STRICT`]); else to the
-//!   least-loaded pick. Prompts that share nothing thus spread as evenly as with
+//!   goes to its owner (or runner-up) only if no node is less loaded
+//!   ([`Balance::STRICT`]); else to the least-loaded pick. Prompts that share nothing thus spread as evenly as with
 //!   `routing = "load"`, while a prefix seen before keeps to its owner within the
 //!   configured balance. The table of seen keys has a fixed size (`fleet.prefix_tracked`
 //!   per model), so memory does not grow with traffic.
 //!
-//! The pick itself (the owner unless it is overloaded or full, else the least-loaded
-//! pick) is in `model.rs`.
+//! The pick itself (the owner unless it is overloaded or full, then the runner-up in the
+//! ranking, else the least-loaded pick) is in `model.rs`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -60,11 +60,14 @@ pub enum Decision {
     Load,
     /// The prefix's owner.
     Owner,
-    /// The owner of a prefix seen before was overloaded or at its `max_in_flight`: the
-    /// least-loaded pick.
+    /// The owner was overloaded or at its `max_in_flight`: the node that ranks next
+    /// for the prefix.
+    RunnerUp,
+    /// The owner and the runner-up of a prefix seen before were overloaded or full:
+    /// the least-loaded pick.
     FallbackLoad,
     /// No node is likely to hold the prompt's prefix (too short to have one, or new and
-    /// its owner busier than the lightest node): the least-loaded pick.
+    /// its owner and runner-up busier than the lightest node): the least-loaded pick.
     NoOwner,
 }
 

@@ -173,7 +173,7 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         (
             "vllm:num_requests_waiting",
             "Number of requests waiting to be processed.",
-            0.0,
+            shared.waiting() as f64,
         ),
         (
             "vllm:kv_cache_usage_perc",

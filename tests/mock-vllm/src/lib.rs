@@ -17,7 +17,8 @@
 //! - `prompt_logprobs: -1` is accepted whatever `max_logprobs` is; its body is streamed.
 //! - Prefix cache ([`MockConfig::prefix_cache_tokens`]): an LRU of 16-token blocks per
 //!   node; the uncached prompt tokens cost [`MockConfig::prefill_per_token`] each before
-//!   the first token (one prefill at a time), and `/metrics` counts queries and hits.
+//!   the first token (one prefill at a time; those waiting for it are
+//!   `vllm:num_requests_waiting`), and `/metrics` counts queries and hits.
 
 mod body;
 mod completions;

@@ -3,6 +3,7 @@
 //! prefix cache.
 //! Counters and the gate are `watch` channels so waiters never poll.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
@@ -24,6 +25,8 @@ pub(crate) struct Shared {
     pub started_secs: u64,
     /// Held while a prompt is prefilled: one prefill at a time.
     prefill: tokio::sync::Mutex<()>,
+    /// Requests waiting for the prefill: vLLM's `num_requests_waiting`.
+    prefill_queue: AtomicUsize,
     failure: Mutex<FailureMode>,
     received: Mutex<Vec<ReceivedRequest>>,
     in_flight: watch::Sender<usize>,
@@ -39,6 +42,7 @@ impl Shared {
         Self {
             prefix_cache: PrefixCache::new(config.prefix_cache_tokens),
             prefill: tokio::sync::Mutex::new(()),
+            prefill_queue: AtomicUsize::new(0),
             started_secs: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
@@ -113,13 +117,37 @@ impl Shared {
             .sum();
         let time = self.config.prefill_per_token * uncached as u32;
         if !time.is_zero() {
-            let _engine = self.prefill.lock().await;
+            let queued = Counted::new(&self.prefill_queue);
+            let engine = self.prefill.lock().await;
+            drop(queued);
             tokio::time::sleep(time).await;
+            drop(engine);
         }
+    }
+
+    /// Requests waiting for their prefill to start.
+    pub fn waiting(&self) -> usize {
+        self.prefill_queue.load(Ordering::Relaxed)
     }
 
     pub async fn gate_passed(&self) {
         let _ = self.gate.subscribe().wait_for(|&open| open).await;
+    }
+}
+
+/// Counts one while it lives (also when the request is dropped while waiting).
+struct Counted<'a>(&'a AtomicUsize);
+
+impl<'a> Counted<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
