@@ -172,12 +172,11 @@ mod tests {
         let (runner_up, decision) = pick(&forgetful, &document(0)).await;
         assert_eq!(decision, Decision::RunnerUp);
         introduce(&forgetful, &document(1));
-        let (other, decision) = pick(&forgetful, &document(0)).await;
+        assert_ne!(owner.upstream().url, runner_up.upstream().url);
+        // Both busier than the idle nodes: the load pick (which may still land on one
+        // of them, when its two random nodes are those).
+        let (_other, decision) = pick(&forgetful, &document(0)).await;
         assert_eq!(decision, Decision::NoOwner);
-        let urls: HashSet<_> = [&owner, &runner_up, &other]
-            .map(|n| n.upstream().url.clone())
-            .into();
-        assert_eq!(urls.len(), 3);
         // Seen now: one above is within the balance.
         assert_eq!(pick(&forgetful, &document(0)).await.1, Decision::Owner);
         let load = fleet("routing = \"load\"", "");
