@@ -12,9 +12,16 @@ use figment::providers::{Env, Format, Toml};
 use serde::Deserialize;
 
 use crate::contract::LOGPROBS_LIMIT;
+use crate::fleet::PREFIX_BLOCK_BYTES;
 
 /// Environment variables that are read elsewhere and are not configuration keys.
 const ENV_NOT_CONFIG: &[&str] = &["config"];
+
+/// The most of a prompt's start that prefix routing hashes: 64 KiB.
+const MAX_PREFIX_BYTES: usize = 64 * 1024;
+
+/// The most prefixes prefix routing may remember per model: 16 Mi (128 MiB).
+const MAX_PREFIX_TRACKED: usize = 16 * 1024 * 1024;
 
 /// The longest duration any `*_ms` setting may have: 7 days.
 const MAX_DURATION_MS: u64 = 7 * 24 * 3_600_000;
@@ -209,6 +216,39 @@ pub struct FleetSettings {
     /// During a cold boot, how often a keep-alive byte is sent to the waiting client.
     #[serde(default = "default_keepalive_interval_ms")]
     pub keepalive_interval_ms: u64,
+    /// How a model's requests choose their node, unless the model says otherwise:
+    /// `prefix` (the node that owns the prompt's prefix, so vLLM's prefix cache is
+    /// reused) or `load` (the least-loaded of two random nodes).
+    #[serde(default)]
+    pub routing: Routing,
+    /// `prefix` routing: how much of a prompt's start decides its node. Prompts whose
+    /// first `prefix_bytes` bytes agree (token ids: 4 bytes each) go to the same node;
+    /// counted in whole blocks of 256 bytes.
+    #[serde(default = "default_prefix_bytes")]
+    pub prefix_bytes: usize,
+    /// `prefix` routing: the owner of a prefix is passed over for the least-loaded pick
+    /// when its load (requests in flight plus those waiting in its vLLM, over its weight)
+    /// is more than `prefix_imbalance_abs` above the lightest node's and more than
+    /// `prefix_imbalance_rel` times it (and always when it is at `max_in_flight`).
+    #[serde(default = "default_prefix_imbalance_abs")]
+    pub prefix_imbalance_abs: f64,
+    #[serde(default = "default_prefix_imbalance_rel")]
+    pub prefix_imbalance_rel: f64,
+    /// `prefix` routing: how many recently seen prefixes each replica remembers per
+    /// model (8 bytes each). Only a prefix seen before goes to its owner; a new one takes
+    /// the least-loaded pick.
+    #[serde(default = "default_prefix_tracked")]
+    pub prefix_tracked: usize,
+}
+
+/// How a model's requests choose their node (`fleet.routing`, `models.routing`).
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Routing {
+    /// The default: it measured better (`benches/prefix-routing`).
+    #[default]
+    Prefix,
+    Load,
 }
 
 impl Default for FleetSettings {
@@ -222,6 +262,11 @@ impl Default for FleetSettings {
             queue_timeout_ms: default_queue_timeout_ms(),
             request_window_ms: default_request_window_ms(),
             keepalive_interval_ms: default_keepalive_interval_ms(),
+            routing: Routing::default(),
+            prefix_bytes: default_prefix_bytes(),
+            prefix_imbalance_abs: default_prefix_imbalance_abs(),
+            prefix_imbalance_rel: default_prefix_imbalance_rel(),
+            prefix_tracked: default_prefix_tracked(),
         }
     }
 }
@@ -259,6 +304,9 @@ pub struct ModelConfig {
     pub keep_warm_ms: u64,
     #[serde(default = "default_idle_sleep_ms")]
     pub idle_sleep_ms: u64,
+    /// Overrides `fleet.routing` for this model.
+    #[serde(default)]
+    pub routing: Option<Routing>,
     pub upstreams: Vec<UpstreamConfig>,
 }
 
@@ -323,6 +371,18 @@ fn default_request_window_ms() -> u64 {
 }
 fn default_keepalive_interval_ms() -> u64 {
     10_000
+}
+fn default_prefix_bytes() -> usize {
+    1024
+}
+fn default_prefix_imbalance_abs() -> f64 {
+    16.0
+}
+fn default_prefix_imbalance_rel() -> f64 {
+    1.5
+}
+fn default_prefix_tracked() -> usize {
+    16_384
 }
 /// 26 tokens/s over the default 600 s window: ~15,600 tokens.
 fn default_decode_tokens_per_second() -> f64 {
@@ -534,6 +594,30 @@ impl Config {
                 ));
             }
         }
+        if !(PREFIX_BLOCK_BYTES..=MAX_PREFIX_BYTES).contains(&fleet.prefix_bytes) {
+            return invalid(format!(
+                "fleet.prefix_bytes must be between {PREFIX_BLOCK_BYTES} and {MAX_PREFIX_BYTES} (got {})",
+                fleet.prefix_bytes
+            ));
+        }
+        if !(1..=MAX_PREFIX_TRACKED).contains(&fleet.prefix_tracked) {
+            return invalid(format!(
+                "fleet.prefix_tracked must be between 1 and {MAX_PREFIX_TRACKED} (got {})",
+                fleet.prefix_tracked
+            ));
+        }
+        if !(fleet.prefix_imbalance_abs.is_finite() && fleet.prefix_imbalance_abs >= 0.0) {
+            return invalid(format!(
+                "fleet.prefix_imbalance_abs must be 0 or more (got {})",
+                fleet.prefix_imbalance_abs
+            ));
+        }
+        if !(fleet.prefix_imbalance_rel.is_finite() && fleet.prefix_imbalance_rel >= 1.0) {
+            return invalid(format!(
+                "fleet.prefix_imbalance_rel must be at least 1 (got {})",
+                fleet.prefix_imbalance_rel
+            ));
+        }
         if fleet.eject_max_ms < fleet.eject_base_ms {
             return invalid("fleet.eject_max_ms must be at least fleet.eject_base_ms".into());
         }
@@ -555,4 +639,41 @@ impl Config {
 
 fn is_http_url(url: &str) -> bool {
     reqwest::Url::parse(url).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.has_host())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(fleet: &str, model: &str) -> Result<Config, ConfigError> {
+        Config::from_toml(&format!(
+            "[fleet]\n{fleet}\n[[models]]\nid = \"m\"\n{model}\n[[models.upstreams]]\nurl = \"http://127.0.0.1:1\"\ngpu = \"g\"\n"
+        ))
+    }
+
+    fn refusal(fleet: &str) -> String {
+        with(fleet, "").map(|_| ()).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn routing_is_set_fleet_wide_and_overridden_per_model() {
+        let config = with("routing = \"load\"", "routing = \"prefix\"").unwrap();
+        assert_eq!(config.fleet.routing, Routing::Load);
+        assert_eq!(config.models[0].routing, Some(Routing::Prefix));
+        let defaults = with("", "").unwrap();
+        assert_eq!(
+            (defaults.fleet.routing, defaults.models[0].routing),
+            (Routing::Prefix, None)
+        );
+        assert!(refusal("routing = \"random\"").contains("random"));
+    }
+
+    #[test]
+    fn prefix_settings_out_of_range_are_refused_by_name() {
+        assert!(refusal("prefix_bytes = 100").contains("fleet.prefix_bytes must be between 256"));
+        assert!(refusal("prefix_imbalance_abs = -1").contains("fleet.prefix_imbalance_abs"));
+        assert!(refusal("prefix_imbalance_rel = 0.5").contains("fleet.prefix_imbalance_rel"));
+        assert!(refusal("prefix_tracked = 0").contains("fleet.prefix_tracked must be between 1"));
+        assert!(with("prefix_imbalance_abs = 0\nprefix_imbalance_rel = 1", "").is_ok());
+    }
 }

@@ -9,7 +9,9 @@
 //! every configured upstream at start-up, so per-node gauges (health, …) can be added
 //! alongside with the same labels.
 
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -20,7 +22,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::fleet::Fleet;
+use crate::fleet::{Decision, Fleet};
 
 /// The content type of [`Metrics::encode`]'s text.
 pub const PROMETHEUS_CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
@@ -51,6 +53,27 @@ struct OutcomeLabels {
     model: String,
     gpu: String,
     outcome: &'static str,
+}
+
+/// `{model, outcome}` of a routing decision.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RoutingLabels {
+    model: String,
+    outcome: &'static str,
+}
+
+/// The outcomes of prefix routing, in the order of [`routing_index`].
+const ROUTING_OUTCOMES: [&str; 4] = ["owner", "runner_up", "fallback_load", "no_owner"];
+
+/// Where a decision is counted among [`ROUTING_OUTCOMES`]; `None` for `routing = "load"`.
+fn routing_index(decision: Decision) -> Option<usize> {
+    match decision {
+        Decision::Load => None,
+        Decision::Owner => Some(0),
+        Decision::RunnerUp => Some(1),
+        Decision::FallbackLoad => Some(2),
+        Decision::NoOwner => Some(3),
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -152,6 +175,9 @@ struct Inner {
     upstream_duration: HistogramFamily<UpstreamLabels>,
     upstream_up: Family<UpstreamLabels, Gauge>,
     upstream_ejections: Family<UpstreamLabels, Counter>,
+    prefix_cache_hit_rate: Family<UpstreamLabels, Gauge<f64, AtomicU64>>,
+    /// Each model's routing counters, resolved at start-up: no label is built per request.
+    routing: HashMap<String, [Counter; 4]>,
     fleet_queued: Family<ModelLabels, Gauge>,
     admission_running: Gauge,
     admission_queued: Gauge,
@@ -240,6 +266,33 @@ impl Metrics {
             "Times the node was taken out of rotation after a failed request or probe",
             upstream_ejections.clone(),
         );
+        let prefix_cache_hit_rate = Family::<UpstreamLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "upstream_prefix_cache_hit_rate",
+            "Share of the prompt tokens the node found in its prefix cache, from its vllm:prefix_cache_hits/queries between its last two probes that saw queries (absent until then)",
+            prefix_cache_hit_rate.clone(),
+        );
+        let routing_decisions = Family::<RoutingLabels, Counter>::default();
+        registry.register(
+            "routing_decisions",
+            "Requests of models with routing = \"prefix\", by how their node was picked: owner (the node that owns the prompt's prefix), runner_up (the owner was overloaded or full: the node that ranks next for the prefix), fallback_load (both were, for a prefix seen before: the least-loaded pick) or no_owner (a prompt shorter than one block, or a prefix this replica has not seen recently whose owner and runner-up were busier than the lightest node: the least-loaded pick)",
+            routing_decisions.clone(),
+        );
+        let routing = fleet
+            .models()
+            .iter()
+            .map(|model| {
+                let counter = |outcome| {
+                    routing_decisions
+                        .get_or_create(&RoutingLabels {
+                            model: model.id.clone(),
+                            outcome,
+                        })
+                        .clone()
+                };
+                (model.id.clone(), ROUTING_OUTCOMES.map(counter))
+            })
+            .collect();
         let fleet_queued = Family::<ModelLabels, Gauge>::default();
         registry.register(
             "fleet_queued",
@@ -314,6 +367,8 @@ impl Metrics {
             upstream_duration,
             upstream_up,
             upstream_ejections,
+            prefix_cache_hit_rate,
+            routing,
             fleet_queued,
             admission_running,
             admission_queued,
@@ -325,7 +380,8 @@ impl Metrics {
         }))
     }
 
-    /// Reads the fleet's state into its gauges (node health, queue depths); called at
+    /// Reads the fleet's state into its gauges (node health, prefix-cache hit rates,
+    /// queue depths); called at
     /// each scrape, so the gauges are never stale.
     pub fn observe_fleet(&self, fleet: &Fleet) {
         for model in fleet.models() {
@@ -337,10 +393,14 @@ impl Metrics {
                 .set(i64::from(model.queued()));
             for upstream in model.nodes() {
                 let up = model.takes_requests(upstream);
-                self.0
-                    .upstream_up
-                    .get_or_create(&UpstreamLabels::new(&model.id, &upstream.gpu))
-                    .set(i64::from(up));
+                let labels = UpstreamLabels::new(&model.id, &upstream.gpu);
+                self.0.upstream_up.get_or_create(&labels).set(i64::from(up));
+                if let Some(rate) = upstream.reported.prefix_cache_hit_rate() {
+                    self.0
+                        .prefix_cache_hit_rate
+                        .get_or_create(&labels)
+                        .set(rate);
+                }
             }
         }
     }
@@ -385,6 +445,14 @@ impl Metrics {
         UpstreamMetrics {
             metrics: self.clone(),
             labels: UpstreamLabels::new(model, gpu),
+        }
+    }
+
+    /// How the node of one request of `model` was picked.
+    pub fn routed(&self, model: &str, decision: Decision) {
+        if let (Some(counters), Some(index)) = (self.0.routing.get(model), routing_index(decision))
+        {
+            counters[index].inc();
         }
     }
 

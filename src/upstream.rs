@@ -37,6 +37,11 @@ pub struct NodeLoad {
     /// `vllm:kv_cache_usage_perc` (0.9.2+) or `vllm:gpu_cache_usage_perc` (older), the
     /// fullest engine, 0..1.
     pub kv_cache_usage: f64,
+    /// `vllm:prefix_cache_queries_total` and `vllm:prefix_cache_hits_total` (prompt
+    /// tokens looked up in the prefix cache, and found), since the node started, summed
+    /// over engines.
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
 }
 
 #[derive(Clone)]
@@ -117,7 +122,7 @@ impl From<UpstreamError> for ApiError {
 }
 
 impl NodeLoad {
-    /// Reads the two gauges from Prometheus text; other lines, comments and
+    /// Reads the two gauges and the prefix-cache counters from Prometheus text; other lines, comments and
     /// unparseable values are skipped (label order and `_created` series vary by version).
     pub fn parse(text: &str) -> Self {
         let mut load = Self::default();
@@ -137,6 +142,8 @@ impl NodeLoad {
                 "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => {
                     load.kv_cache_usage = load.kv_cache_usage.max(value);
                 }
+                "vllm:prefix_cache_queries_total" => load.prefix_cache_queries += value as u64,
+                "vllm:prefix_cache_hits_total" => load.prefix_cache_hits += value as u64,
                 _ => {}
             }
         }
@@ -404,6 +411,11 @@ vllm:num_requests_waiting{model_name="m",engine="1"} 2.0
 vllm:num_requests_running{engine="0",model_name="m"} 9.0
 vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
 vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0
+vllm:prefix_cache_queries_total{engine="1",model_name="m"} 500.0
+vllm:prefix_cache_queries_created{engine="0",model_name="m"} 1.7e9
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 600.0
 http_requests_total{handler="/v1/completions"} 12.0
 garbage line
 vllm:num_requests_waiting{engine="2"} NaN
@@ -412,7 +424,9 @@ vllm:num_requests_waiting{engine="2"} NaN
             NodeLoad::parse(text),
             NodeLoad {
                 waiting: 5,
-                kv_cache_usage: 0.5
+                kv_cache_usage: 0.5,
+                prefix_cache_queries: 1500,
+                prefix_cache_hits: 600,
             }
         );
         let old = "vllm:gpu_cache_usage_perc{model_name=\"m\"} 0.75\n";

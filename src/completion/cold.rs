@@ -30,7 +30,7 @@ use super::job::Job;
 use crate::completion::dispatch::Window;
 use crate::completion::settle::Settlement;
 use crate::error::ApiError;
-use crate::fleet::Model;
+use crate::fleet::{Affinity, Model};
 use crate::http::envelope::envelope_json;
 use crate::http::request_record::RequestRecord;
 use crate::state::AppState;
@@ -57,6 +57,7 @@ pub struct Pending {
     pub state: AppState,
     pub model_id: String,
     pub body: Bytes,
+    pub affinity: Affinity,
     pub include_usage: bool,
     pub stream: bool,
     pub window: Window,
@@ -138,6 +139,7 @@ async fn run(
         model,
         include_usage: pending.include_usage,
         body: pending.body.clone(),
+        affinity: pending.affinity,
         window: pending.window,
     };
     // Leaving `run` (client gone, shutdown) drops the settlement, which settles.

@@ -15,7 +15,7 @@ use http::StatusCode;
 
 use crate::completion::settle::Settlement;
 use crate::error::ApiError;
-use crate::fleet::{Model, NoNode, Node};
+use crate::fleet::{Affinity, Model, NoNode, Node};
 use crate::metrics::UpstreamOutcome;
 use crate::state::AppState;
 use crate::upstream::{Answer, upstream_rejection};
@@ -37,11 +37,13 @@ pub struct Failed {
 #[derive(Clone, Copy)]
 pub struct Window(pub Option<Duration>);
 
-/// Sends `body` to a node of `model`; the node is counted in flight in `settlement`.
+/// Sends `body` to a node of `model` (the prefix's owner when `affinity` has one and
+/// it is not overloaded); the node is counted in flight in `settlement`.
 pub async fn dispatch(
     state: &AppState,
     model: &Model,
     body: Bytes,
+    affinity: Affinity,
     settlement: &mut Settlement,
     window: Window,
 ) -> Result<Dispatched, Failed> {
@@ -51,7 +53,7 @@ pub async fn dispatch(
     loop {
         let exclude = failed.as_ref().map(|(u, _)| &**u);
         let taken = tokio::select! {
-            taken = model.acquire(exclude) => taken,
+            taken = model.acquire(exclude, affinity) => taken,
             () = state.draining().cancelled() => {
                 return Err(Failed {
                     error: super::draining::shutting_down(),
@@ -60,7 +62,13 @@ pub async fn dispatch(
             }
         };
         let in_flight = match taken {
-            Ok(in_flight) => in_flight,
+            Ok((in_flight, decision)) => {
+                // Once per request: a failover's pick is not a routing decision of its own.
+                if failed.is_none() {
+                    state.metrics().routed(&model.id, decision);
+                }
+                in_flight
+            }
             Err(no_node) => {
                 // After a failover attempt, the first node's failure says more than
                 // "no other node".

@@ -10,7 +10,7 @@ use super::dispatch::{self, Dispatched, Window};
 use super::relay;
 use super::settle::Settlement;
 use crate::error::ApiError;
-use crate::fleet::{Model, Node};
+use crate::fleet::{Affinity, Model, Node};
 use crate::state::AppState;
 
 /// An admitted request, ready to go to a node.
@@ -20,6 +20,8 @@ pub(super) struct Job<'a> {
     /// Whether the client asked for a stream's usage frame.
     pub(super) include_usage: bool,
     pub(super) body: Bytes,
+    /// Where the prompt wants to go (prefix routing).
+    pub(super) affinity: Affinity,
     pub(super) window: Window,
 }
 
@@ -34,6 +36,7 @@ impl Job<'_> {
             self.state,
             self.model,
             self.body.clone(),
+            self.affinity,
             &mut settlement,
             self.window,
         )

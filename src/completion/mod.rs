@@ -253,6 +253,7 @@ async fn forward(
     let send_max_tokens = (budget_clamped || plan.default_max_tokens).then_some(applied);
     let body = Bytes::from(request.upstream_body(&facts.served.name, send_max_tokens));
     let clamp = clamp_header(&plan, applied, budget_clamped);
+    let affinity = model.affinity(request.prompt().start());
     if model.sleep.can_wake() && !model.is_up() {
         // Wake it (or join the boot under way), then commit a 200 and keep the client
         // company while it boots.
@@ -264,6 +265,7 @@ async fn forward(
             state: state.clone(),
             model_id: model.id.clone(),
             body,
+            affinity,
             include_usage: request.include_usage(),
             stream: request.stream(),
             window: Window(window),
@@ -281,6 +283,7 @@ async fn forward(
         model,
         include_usage: request.include_usage(),
         body,
+        affinity,
         window: Window(window),
     };
     let (result, upstream) = job.run(settlement).await;

@@ -2,7 +2,8 @@
 //! default, which node serves the next request, and whether any is up.
 //!
 //! - Balancing: power of two choices among the nodes that are up and below their
-//!   `max_in_flight`, by in-flight count over weight.
+//!   `max_in_flight`, by in-flight count over weight; with `routing = "prefix"`, the
+//!   node that owns the prompt's prefix first (`prefix.rs`).
 //! - Capacity: when every node that is up is full, requests wait in a bounded per-model
 //!   queue (`fleet.queue_size`, `fleet.queue_timeout_ms`), then get 503.
 //! - Nodes: `node.rs`; a model's pick and queue: `model.rs`.
@@ -17,6 +18,7 @@ mod ejection;
 mod load;
 mod model;
 mod node;
+mod prefix;
 pub mod prober;
 mod sleep;
 mod wake;
@@ -25,6 +27,7 @@ pub use ejection::Health;
 pub use load::Reported;
 pub use model::{Model, NoNode};
 pub use node::{InFlight, Node};
+pub use prefix::{Affinity, Decision, PREFIX_BLOCK_BYTES, PromptStart};
 pub use sleep::Sleep;
 
 use crate::config::Config;
@@ -66,5 +69,117 @@ impl Fleet {
     /// Every node of every model.
     pub fn nodes(&self) -> impl Iterator<Item = &std::sync::Arc<Node>> {
         self.models.iter().flat_map(|m| m.nodes().iter())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    const PREFIX: &str = "routing = \"prefix\"";
+
+    /// A fleet of one model on four nodes (nothing listens: no request is sent).
+    fn fleet(fleet_keys: &str, node_keys: &str) -> Fleet {
+        let nodes: String = (1..=4)
+            .map(|i| {
+                format!(
+                    "[[models.upstreams]]\nurl = \"http://10.0.0.{i}:8000\"\ngpu = \"g{i}\"\n{node_keys}\n"
+                )
+            })
+            .collect();
+        let toml = format!("[fleet]\n{fleet_keys}\n[[models]]\nid = \"m\"\n{nodes}");
+        Fleet::new(&Config::from_toml(&toml).unwrap())
+    }
+
+    fn document(i: usize) -> String {
+        format!("document {i}: ") + &"a shared prefix of some length ".repeat(40)
+    }
+
+    /// The fleet sees `prompt` once (prefix routing sends only prefixes it has seen to
+    /// their owner).
+    fn introduce(fleet: &Fleet, prompt: &str) {
+        fleet.models()[0].affinity(PromptStart::Text(prompt.as_bytes()));
+    }
+
+    async fn pick(fleet: &Fleet, prompt: &str) -> (InFlight, Decision) {
+        let model = &fleet.models()[0];
+        let affinity = model.affinity(PromptStart::Text(prompt.as_bytes()));
+        model.acquire(None, affinity).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn independently_built_fleets_send_each_prefix_to_the_same_node() {
+        let (a, b) = (fleet(PREFIX, ""), fleet(PREFIX, ""));
+        let mut owners = HashSet::new();
+        for i in 0..500 {
+            let prompt = document(i);
+            introduce(&a, &prompt);
+            introduce(&b, &prompt);
+            let (on_a, decision) = pick(&a, &format!("{prompt} one branch")).await;
+            let (on_b, _) = pick(&b, &format!("{prompt} another branch")).await;
+            assert_eq!(decision, Decision::Owner);
+            assert_eq!(on_a.upstream().url, on_b.upstream().url, "prompt {i}");
+            owners.insert(on_a.upstream().url.clone());
+        }
+        assert_eq!(owners.len(), 4, "the prefixes spread over every node");
+    }
+
+    #[tokio::test]
+    async fn a_full_or_overloaded_owner_is_passed_over_for_its_runner_up_then_by_load() {
+        let full = fleet(PREFIX, "max_in_flight = 1");
+        introduce(&full, &document(0));
+        let mut held = Vec::new();
+        for expected in [Decision::Owner, Decision::RunnerUp, Decision::FallbackLoad] {
+            let (taken, decision) = pick(&full, &document(0)).await;
+            assert_eq!(decision, expected);
+            held.push(taken);
+        }
+        let urls: HashSet<_> = held.iter().map(|t| t.upstream().url.clone()).collect();
+        assert_eq!(urls.len(), 3, "three different nodes");
+
+        let busy = fleet(
+            &format!("{PREFIX}\nprefix_imbalance_abs = 3\nprefix_imbalance_rel = 2"),
+            "",
+        );
+        introduce(&busy, &document(0));
+        let mut held = Vec::new();
+        // Each takes requests up to 3 above the idle nodes (4 / 0 is more than 2 times).
+        for expected in [Decision::Owner, Decision::RunnerUp] {
+            for _ in 0..4 {
+                let (taken, decision) = pick(&busy, &document(0)).await;
+                assert_eq!(decision, expected);
+                held.push(taken);
+            }
+        }
+        assert_ne!(held[0].upstream().url, held[4].upstream().url);
+        assert_eq!(pick(&busy, &document(0)).await.1, Decision::FallbackLoad);
+        drop(held);
+        assert_eq!(pick(&busy, &document(0)).await.1, Decision::Owner);
+    }
+
+    #[tokio::test]
+    async fn a_short_prompt_or_a_new_one_on_busy_nodes_has_no_owner_and_load_routing_none() {
+        let prefix = fleet(PREFIX, "");
+        assert_eq!(pick(&prefix, "short").await.1, Decision::NoOwner);
+        assert_eq!(pick(&prefix, "short").await.1, Decision::NoOwner);
+        let forgetful = fleet(&format!("{PREFIX}\nprefix_tracked = 1"), "");
+        let (owner, decision) = pick(&forgetful, &document(0)).await;
+        assert_eq!(decision, Decision::Owner, "new, and every node idle");
+        // Forgotten (one slot), so new again each time: a node busier than the lightest
+        // is passed over.
+        introduce(&forgetful, &document(1));
+        let (runner_up, decision) = pick(&forgetful, &document(0)).await;
+        assert_eq!(decision, Decision::RunnerUp);
+        introduce(&forgetful, &document(1));
+        assert_ne!(owner.upstream().url, runner_up.upstream().url);
+        // Both busier than the idle nodes: the load pick (which may still land on one
+        // of them, when its two random nodes are those).
+        let (_other, decision) = pick(&forgetful, &document(0)).await;
+        assert_eq!(decision, Decision::NoOwner);
+        // Seen now: one above is within the balance.
+        assert_eq!(pick(&forgetful, &document(0)).await.1, Decision::Owner);
+        let load = fleet("routing = \"load\"", "");
+        assert_eq!(pick(&load, &document(0)).await.1, Decision::Load);
     }
 }

@@ -1,6 +1,8 @@
-//! One configured model: its nodes, the power-of-two-choices pick among those that are
-//! up and have room, and its fleet queue (`fleet.queue_size`, `fleet.queue_timeout_ms`)
-//! for when every node that is up is at its `max_in_flight`.
+//! One configured model: its nodes, the pick among those that are up and have room —
+//! the prefix's owner (or its runner-up) with `routing = "prefix"` (`prefix.rs`), else
+//! (or when both are overloaded or full) power of two choices by load — and its fleet queue
+//! (`fleet.queue_size`, `fleet.queue_timeout_ms`) for when every node that is up is at
+//! its `max_in_flight`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -10,9 +12,10 @@ use rand::Rng;
 use tokio::sync::Notify;
 
 use super::node::{InFlight, Node};
+use super::prefix::{self, Affinity, Balance, Decision, PromptStart, Seen};
 use super::sleep::Sleep;
 use crate::backoff::Backoff;
-use crate::config::{FleetSettings, ModelConfig};
+use crate::config::{FleetSettings, ModelConfig, Routing};
 use crate::error::ApiError;
 use crate::upstream::Served;
 
@@ -29,8 +32,17 @@ pub struct Model {
     queued: AtomicU32,
     queue_size: u32,
     queue_timeout: Duration,
+    /// With `routing = "prefix"`: how deep prompts are keyed, when the owner is passed
+    /// over, and the prefixes seen recently.
+    prefix: Option<PrefixRouting>,
     /// Scale to zero (wake hook, keep-warm), when configured.
     pub sleep: Sleep,
+}
+
+struct PrefixRouting {
+    depth_bytes: usize,
+    balance: Balance,
+    seen: Seen,
 }
 
 /// Why no node could be had.
@@ -75,6 +87,16 @@ impl Model {
             queued: AtomicU32::new(0),
             queue_size: fleet.queue_size,
             queue_timeout: Duration::from_millis(fleet.queue_timeout_ms),
+            prefix: (config.routing.unwrap_or(fleet.routing) == Routing::Prefix).then_some(
+                PrefixRouting {
+                    depth_bytes: fleet.prefix_bytes,
+                    balance: Balance {
+                        abs: fleet.prefix_imbalance_abs,
+                        rel: fleet.prefix_imbalance_rel,
+                    },
+                    seen: Seen::new(fleet.prefix_tracked),
+                },
+            ),
             sleep: Sleep::new(config),
         }
     }
@@ -120,10 +142,29 @@ impl Model {
         }
     }
 
-    /// A node for the next request, counted in flight from here on; waits in the fleet
-    /// queue while every node that is up is full. `exclude`: a node that just failed
-    /// this request.
-    pub async fn acquire(&self, exclude: Option<&Node>) -> Result<InFlight, NoNode> {
+    /// Where a request with this prompt wants to go; called once per request (it
+    /// remembers the prompt's prefix as seen).
+    pub fn affinity(&self, start: PromptStart<'_>) -> Affinity {
+        let Some(routing) = &self.prefix else {
+            return Affinity::Load;
+        };
+        match prefix::key(start, routing.depth_bytes) {
+            Some(key) => Affinity::Key {
+                key,
+                seen: routing.seen.saw(key),
+            },
+            None => Affinity::NoKey,
+        }
+    }
+
+    /// A node for the next request, counted in flight from here on, and how it was
+    /// picked; waits in the fleet queue while every node that is up is full. `exclude`:
+    /// a node that just failed this request.
+    pub async fn acquire(
+        &self,
+        exclude: Option<&Node>,
+        affinity: Affinity,
+    ) -> Result<(InFlight, Decision), NoNode> {
         let give_up = Instant::now() + self.queue_timeout;
         let mut waiting: Option<Queued<'_>> = None;
         loop {
@@ -131,7 +172,7 @@ impl Model {
             let freed = self.freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
-            match self.try_pick(exclude) {
+            match self.try_pick(exclude, affinity) {
                 Ok(taken) => return Ok(taken),
                 Err(NoNode::NoneUp) => return Err(NoNode::NoneUp),
                 Err(NoNode::Busy) => {}
@@ -145,14 +186,83 @@ impl Model {
         }
     }
 
+    /// The nodes a request may go to: up, and not the one that just failed it.
+    fn candidates<'a>(&'a self, exclude: Option<&'a Node>) -> impl Iterator<Item = &'a Arc<Node>> {
+        self.in_rotation()
+            .filter(move |u| !exclude.is_some_and(|e| std::ptr::eq(e, &***u)))
+    }
+
+    /// The prefix's owner, or else the node that ranks next for it, unless it is
+    /// overloaded (for a new prefix: busier than the lightest node) or full; else power
+    /// of two choices.
+    fn try_pick(
+        &self,
+        exclude: Option<&Node>,
+        affinity: Affinity,
+    ) -> Result<(InFlight, Decision), NoNode> {
+        let decision = match (affinity, &self.prefix) {
+            (Affinity::Key { key, seen }, Some(routing)) => {
+                let balance = if seen {
+                    routing.balance
+                } else {
+                    Balance::STRICT
+                };
+                match self.try_ranked(key, balance, exclude)? {
+                    Some(taken) => return Ok(taken),
+                    None if seen => Decision::FallbackLoad,
+                    None => Decision::NoOwner,
+                }
+            }
+            (Affinity::NoKey, _) => Decision::NoOwner,
+            _ => Decision::Load,
+        };
+        self.try_least_loaded(exclude)
+            .map(|taken| (taken, decision))
+    }
+
+    /// The first of the two candidates with the highest rendezvous scores for `key`
+    /// that has room and is not overloaded next to the lightest node with room, counted
+    /// in flight. The runner-up takes the owner's overflow, so a prefix too busy for one
+    /// node is cached on two (the same two on every replica), not on all of them.
+    fn try_ranked(
+        &self,
+        key: u64,
+        balance: Balance,
+        exclude: Option<&Node>,
+    ) -> Result<Option<(InFlight, Decision)>, NoNode> {
+        let mut ranked: [Option<(f64, &Arc<Node>)>; 2] = [None, None];
+        let mut lightest = f64::INFINITY;
+        for node in self.candidates(exclude) {
+            let score = prefix::score(key, node.seed, node.weight);
+            if ranked[0].is_none_or(|(best, _)| score > best) {
+                ranked = [Some((score, node)), ranked[0]];
+            } else if ranked[1].is_none_or(|(second, _)| score > second) {
+                ranked[1] = Some((score, node));
+            }
+            if node.has_room() {
+                lightest = lightest.min(node.load());
+            }
+        }
+        if ranked[0].is_none() {
+            return Err(NoNode::NoneUp);
+        }
+        let decisions = [Decision::Owner, Decision::RunnerUp];
+        for ((_, node), decision) in ranked.into_iter().flatten().zip(decisions) {
+            if node.has_room()
+                && !balance.overloaded(node.load(), lightest)
+                && let Some(taken) = node.try_start()
+            {
+                return Ok(Some((taken, decision)));
+            }
+        }
+        Ok(None)
+    }
+
     /// Power of two choices among the nodes that are up and have room.
-    fn try_pick(&self, exclude: Option<&Node>) -> Result<InFlight, NoNode> {
-        let up = self
-            .in_rotation()
-            .filter(|u| !exclude.is_some_and(|e| std::ptr::eq(e, &***u)));
+    fn try_least_loaded(&self, exclude: Option<&Node>) -> Result<InFlight, NoNode> {
         let mut open: Vec<&Arc<Node>> = Vec::with_capacity(self.nodes.len());
         let mut any_up = false;
-        for upstream in up {
+        for upstream in self.candidates(exclude) {
             any_up = true;
             if upstream.has_room() {
                 open.push(upstream);

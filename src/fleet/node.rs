@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::ejection::Health;
 use super::load::Reported;
+use super::prefix;
 use crate::backoff::Backoff;
 use crate::config::UpstreamConfig;
 use crate::upstream::{Served, UpstreamClient, UpstreamError};
@@ -21,6 +22,8 @@ pub struct Node {
     pub gpu: String,
     /// Relative capacity: the upstream's load is its in-flight count over its weight.
     pub weight: u32,
+    /// Its identity in prefix routing's rendezvous ranking (`prefix.rs`).
+    pub(super) seed: u64,
     max_in_flight: Option<usize>,
     /// Requests sent to this upstream and not yet settled.
     in_flight: AtomicUsize,
@@ -56,6 +59,7 @@ impl Node {
             url: config.url.trim_end_matches('/').to_owned(),
             gpu: config.gpu.clone(),
             weight: config.weight,
+            seed: prefix::seed(config.url.trim_end_matches('/')),
             max_in_flight: config.max_in_flight.map(|m| m as usize),
             in_flight: AtomicUsize::new(0),
             health: Health::new(backoff),
@@ -92,6 +96,12 @@ impl Node {
     /// The node came up again: wake the requests of its model waiting for one.
     pub fn announce_up(&self) {
         self.freed.notify_waiters();
+    }
+
+    /// Requests in flight from here plus those waiting in the node's own queue, over
+    /// the weight: what prefix routing's balance compares.
+    pub(super) fn load(&self) -> f64 {
+        (self.in_flight() as f64 + self.reported.waiting() as f64) / f64::from(self.weight)
     }
 
     /// Whether this upstream is less loaded than `other`: requests in flight from here
@@ -155,6 +165,7 @@ mod tests {
         b.reported.set(NodeLoad {
             waiting: 2,
             kv_cache_usage: 0.0,
+            ..NodeLoad::default()
         });
         assert!(
             a.lighter_than(&b),
@@ -170,6 +181,7 @@ mod tests {
         c.reported.set(NodeLoad {
             waiting: 0,
             kv_cache_usage: 0.9,
+            ..NodeLoad::default()
         });
         assert!(d.lighter_than(&c), "a tie goes to the emptier KV cache");
     }

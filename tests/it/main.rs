@@ -33,5 +33,6 @@ mod limiter;
 mod metadata_log;
 mod metrics;
 mod openapi;
+mod prefix;
 mod router;
 mod store;

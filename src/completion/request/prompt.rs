@@ -6,6 +6,7 @@ use serde_json::value::RawValue;
 
 use super::raw::{self, IntLiteral, Kind};
 use crate::error::ApiError;
+use crate::fleet::PromptStart;
 
 /// The prompt of a request, in one of the four forms the contract accepts.
 #[derive(Clone, PartialEq, Eq)]
@@ -35,6 +36,18 @@ impl Prompt {
             Prompt::TokenBatch(batch) => batch.len(),
         };
         n as u64
+    }
+
+    /// The first prompt, which routes the request (a batch shares one node).
+    pub fn start(&self) -> PromptStart<'_> {
+        match self {
+            Prompt::Text(s) => PromptStart::Text(s.as_bytes()),
+            Prompt::TextBatch(texts) => {
+                PromptStart::Text(texts.first().map_or(&[], |t| t.as_bytes()))
+            }
+            Prompt::Tokens(ids) => PromptStart::Tokens(ids),
+            Prompt::TokenBatch(batch) => PromptStart::Tokens(batch.first().map_or(&[], |ids| ids)),
+        }
     }
 
     /// An upper bound on each prompt's token count, without a tokenizer; one entry per

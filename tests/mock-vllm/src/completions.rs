@@ -50,6 +50,8 @@ pub(crate) async fn handle(State(shared): State<Arc<Shared>>, request: Request) 
             return e.into_response();
         }
     };
+    let prompts: Vec<&[u32]> = plan.prompts.iter().map(|p| p.ids.as_slice()).collect();
+    shared.prefill(&prompts).await;
     if let FailureMode::StreamError { after_chunks } = shared.failure() {
         plan.error_after = Some(after_chunks);
     }

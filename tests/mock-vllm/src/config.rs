@@ -18,6 +18,12 @@ pub struct MockConfig {
     pub time_to_first_token: Duration,
     /// Delay between generated tokens (stream chunks); a non-stream body also waits for them.
     pub token_delay: Duration,
+    /// Tokens the prefix cache holds (whole 16-token blocks, least recently used evicted
+    /// first); 0 caches nothing. Queries and hits are counted either way.
+    pub prefix_cache_tokens: usize,
+    /// Prefill time per prompt token not found in the prefix cache, added before the
+    /// first token; prefills run one at a time per node, like a GPU's. Zero: none.
+    pub prefill_per_token: Duration,
 }
 
 impl Default for MockConfig {
@@ -29,6 +35,8 @@ impl Default for MockConfig {
             vocab_size: 128_256,
             time_to_first_token: Duration::ZERO,
             token_delay: Duration::ZERO,
+            prefix_cache_tokens: 0,
+            prefill_per_token: Duration::ZERO,
         }
     }
 }

@@ -151,7 +151,8 @@ pub(crate) async fn version() -> Response {
     json_response(StatusCode::OK, &json!({"version": "0.11.0"}))
 }
 
-/// Prometheus text with the load-balancing gauges of the V1 engine.
+/// Prometheus text with the load-balancing gauges of the V1 engine and its prefix-cache
+/// counters.
 pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     let running = shared.in_flight();
     let model = shared
@@ -172,7 +173,7 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         (
             "vllm:num_requests_waiting",
             "Number of requests waiting to be processed.",
-            0.0,
+            shared.waiting() as f64,
         ),
         (
             "vllm:kv_cache_usage_perc",
@@ -184,6 +185,31 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     for (name, help, value) in gauges {
         text.push_str(&format!(
             "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{labels} {value:?}\n"
+        ));
+    }
+    // Counters as Python's prometheus_client writes them: `_total` samples, and a
+    // `_created` gauge beside each.
+    let (queries, hits) = shared.prefix_cache.counters();
+    let counters = [
+        (
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            queries,
+        ),
+        (
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            hits,
+        ),
+    ];
+    for (name, help, value) in counters {
+        text.push_str(&format!(
+            "# HELP {name}_total {help}\n# TYPE {name}_total counter\n{name}_total{labels} {:?}\n",
+            value as f64
+        ));
+        text.push_str(&format!(
+            "# HELP {name}_created {help}\n# TYPE {name}_created gauge\n{name}_created{labels} {:?}\n",
+            shared.started_secs as f64
         ));
     }
     (

@@ -15,6 +15,10 @@
 //! - Engine-side checks (logprob limits, out-of-vocab ids, empty decoder prompt) answer
 //!   4xx JSON before the stream starts, as 0.12 does (≤0.11 sent an SSE error event).
 //! - `prompt_logprobs: -1` is accepted whatever `max_logprobs` is; its body is streamed.
+//! - Prefix cache ([`MockConfig::prefix_cache_tokens`]): an LRU of 16-token blocks per
+//!   node; the uncached prompt tokens cost [`MockConfig::prefill_per_token`] each before
+//!   the first token (one prefill at a time; those waiting for it are
+//!   `vllm:num_requests_waiting`), and `/metrics` counts queries and hits.
 
 mod body;
 mod completions;
@@ -27,6 +31,7 @@ mod listener;
 mod lock;
 mod logprobs;
 mod model;
+mod prefix_cache;
 mod request;
 mod server;
 mod sse;

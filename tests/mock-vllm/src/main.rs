@@ -32,6 +32,12 @@ struct Args {
     /// Delay between generated tokens, in milliseconds.
     #[arg(long, default_value_t = 0)]
     token_delay_ms: u64,
+    /// Tokens the prefix cache holds (0: no prefix caching).
+    #[arg(long, default_value_t = 0)]
+    prefix_cache_tokens: usize,
+    /// Prefill time per prompt token not in the prefix cache, in microseconds.
+    #[arg(long, default_value_t = 0)]
+    prefill_us_per_token: u64,
 }
 
 #[tokio::main]
@@ -48,6 +54,8 @@ async fn main() -> anyhow::Result<()> {
         vocab_size: args.vocab_size,
         time_to_first_token: Duration::from_millis(args.ttft_ms),
         token_delay: Duration::from_millis(args.token_delay_ms),
+        prefix_cache_tokens: args.prefix_cache_tokens,
+        prefill_per_token: Duration::from_micros(args.prefill_us_per_token),
     };
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let mock = MockVllm::start_on(listener, config).await?;

@@ -1,7 +1,9 @@
 //! State shared by the handlers and the [`MockVllm`](super::MockVllm) handle: the
-//! failure mode, the request log, the in-flight/cancelled counters and the gate.
+//! failure mode, the request log, the in-flight/cancelled counters, the gate and the
+//! prefix cache.
 //! Counters and the gate are `watch` channels so waiters never poll.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
@@ -10,6 +12,7 @@ use super::config::{FailureMode, MockConfig, ReceivedRequest};
 use super::listener::ListenerControl;
 use super::lock::lock;
 use super::model::ToyModel;
+use super::prefix_cache::PrefixCache;
 use super::tokenizer::Tokenizer;
 
 pub(crate) struct Shared {
@@ -17,6 +20,13 @@ pub(crate) struct Shared {
     pub tokenizer: Tokenizer,
     pub model: ToyModel,
     pub listener: ListenerControl,
+    pub prefix_cache: PrefixCache,
+    /// When the server started (seconds since the epoch), for the counters' `_created`.
+    pub started_secs: u64,
+    /// Held while a prompt is prefilled: one prefill at a time.
+    prefill: tokio::sync::Mutex<()>,
+    /// Requests waiting for the prefill: vLLM's `num_requests_waiting`.
+    prefill_queue: AtomicUsize,
     failure: Mutex<FailureMode>,
     received: Mutex<Vec<ReceivedRequest>>,
     in_flight: watch::Sender<usize>,
@@ -30,6 +40,12 @@ impl Shared {
         let tokenizer = Tokenizer::new(config.vocab_size);
         let model = ToyModel::new(&tokenizer);
         Self {
+            prefix_cache: PrefixCache::new(config.prefix_cache_tokens),
+            prefill: tokio::sync::Mutex::new(()),
+            prefill_queue: AtomicUsize::new(0),
+            started_secs: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
             config,
             tokenizer,
             model,
@@ -92,8 +108,46 @@ impl Shared {
         self.gate.send_replace(open);
     }
 
+    /// Looks the prompts up in the prefix cache and prefills what it misses, after the
+    /// prefills before.
+    pub async fn prefill(&self, prompts: &[&[u32]]) {
+        let uncached: usize = prompts
+            .iter()
+            .map(|ids| ids.len() - self.prefix_cache.query(ids))
+            .sum();
+        let time = self.config.prefill_per_token * uncached as u32;
+        if !time.is_zero() {
+            let queued = Counted::new(&self.prefill_queue);
+            let engine = self.prefill.lock().await;
+            drop(queued);
+            tokio::time::sleep(time).await;
+            drop(engine);
+        }
+    }
+
+    /// Requests waiting for their prefill to start.
+    pub fn waiting(&self) -> usize {
+        self.prefill_queue.load(Ordering::Relaxed)
+    }
+
     pub async fn gate_passed(&self) {
         let _ = self.gate.subscribe().wait_for(|&open| open).await;
+    }
+}
+
+/// Counts one while it lives (also when the request is dropped while waiting).
+struct Counted<'a>(&'a AtomicUsize);
+
+impl<'a> Counted<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

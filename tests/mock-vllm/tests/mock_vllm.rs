@@ -771,3 +771,71 @@ async fn metrics_text(client: &reqwest::Client, base_url: &str) -> String {
         .unwrap();
     response.text().await.unwrap()
 }
+
+/// `vllm:prefix_cache_{queries,hits}_total` of the mock's `/metrics`.
+async fn prefix_cache_counters(mock: &MockVllm) -> (f64, f64) {
+    let text = metrics_text(&reqwest::Client::new(), &mock.url()).await;
+    let counter = |name: &str| {
+        text.lines()
+            .find(|line| line.starts_with(&format!("{name}{{")))
+            .and_then(|line| line.rsplit_once(' '))
+            .and_then(|(_, value)| value.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("{name} in {text}"))
+    };
+    (
+        counter("vllm:prefix_cache_queries_total"),
+        counter("vllm:prefix_cache_hits_total"),
+    )
+}
+
+/// 64 token ids, distinct per `seed`.
+fn ids(seed: u32) -> Vec<u32> {
+    (0..64).map(|i| 400 + seed * 64 + i).collect()
+}
+
+#[tokio::test]
+async fn the_prefix_cache_counts_hits_of_whole_leading_blocks_and_evicts_the_oldest() {
+    // Room for two 64-token prompts (eight 16-token blocks).
+    let mock = start(MockConfig {
+        prefix_cache_tokens: 128,
+        ..MockConfig::default()
+    })
+    .await;
+    let send = |prompt: Vec<u32>| {
+        let mock = &mock;
+        async move {
+            complete_json(mock, json!({"prompt": prompt, "max_tokens": 1})).await;
+            prefix_cache_counters(mock).await
+        }
+    };
+    assert_eq!(send(ids(0)).await, (64.0, 0.0), "a cold cache misses");
+    // Same 64 tokens: the first three blocks hit (the last token is always computed).
+    assert_eq!(send(ids(0)).await, (128.0, 48.0));
+    // Shares the first two blocks, then differs.
+    let mut branch = ids(0);
+    branch[40] = 7;
+    assert_eq!(send(branch).await, (192.0, 80.0));
+    // Two other prompts push the first one out.
+    send(ids(1)).await;
+    send(ids(2)).await;
+    assert_eq!(send(ids(0)).await, (384.0, 80.0), "evicted");
+    mock.shutdown().await;
+}
+
+#[tokio::test]
+async fn uncached_prompt_tokens_delay_the_first_token() {
+    let mock = start(MockConfig {
+        prefix_cache_tokens: 1024,
+        prefill_per_token: Duration::from_millis(5),
+        ..MockConfig::default()
+    })
+    .await;
+    let started = std::time::Instant::now();
+    complete_json(&mock, json!({"prompt": ids(0), "max_tokens": 1})).await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(5 * 64),
+        "64 tokens to prefill took {:?}",
+        started.elapsed()
+    );
+    mock.shutdown().await;
+}
