@@ -50,7 +50,8 @@ fn relay<'a>(body: &[u8], chunks: impl IntoIterator<Item = &'a [u8]>) -> Option<
     let mut meter = Meter::json();
     let mut relayed = Vec::with_capacity(body.len());
     for chunk in chunks {
-        let out = meter.feed(Bytes::copy_from_slice(chunk));
+        meter.push(Bytes::copy_from_slice(chunk));
+        let out = meter.take();
         assert!(out == chunk, "a chunk not relayed as it came");
         relayed.extend_from_slice(&out);
     }

@@ -74,7 +74,8 @@ fn relay<'a>(forward_usage: bool, chunks: impl IntoIterator<Item = &'a [u8]>) ->
     let mut meter = Meter::sse(forward_usage);
     let mut relayed = Vec::new();
     for chunk in chunks {
-        relayed.extend_from_slice(&meter.feed(Bytes::copy_from_slice(chunk)));
+        meter.push(Bytes::copy_from_slice(chunk));
+        relayed.extend_from_slice(&meter.take());
     }
     relayed.extend_from_slice(&meter.finish());
     Outcome {
