@@ -31,7 +31,7 @@ use crate::metrics::{UpstreamMetrics, UpstreamOutcome};
 use crate::upstream::{Answer, ByteStream, upstream_rejection};
 
 /// A JSON answer up to this long is read whole before it is relayed.
-pub const WHOLE_BODY_MAX: u64 = 64 * 1024;
+const WHOLE_BODY_MAX: u64 = 64 * 1024;
 /// Bytes the upstream has delivered are relayed together, up to this many: a fast
 /// stream goes out in writes of this size rather than one per frame, and a gather never
 /// holds bytes back for long waiting for more reads to fill it.

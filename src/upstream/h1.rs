@@ -36,7 +36,7 @@ const MAX_HEADERS: usize = 64;
 /// A chunk-size or trailer line longer than this is refused.
 const MAX_LINE: usize = 4096;
 /// Idle connections kept per host; more are closed when returned.
-pub const MAX_IDLE_PER_HOST: usize = 256;
+const MAX_IDLE_PER_HOST: usize = 256;
 /// Room made in the read buffer before each read.
 const READ_SIZE: usize = 16 * 1024;
 
@@ -75,9 +75,9 @@ struct Idle {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Target<'a> {
     /// `host:port` or `host` (port 80), also the `Host` header.
-    pub authority: &'a str,
+    authority: &'a str,
     /// The path the node is mounted under, without a trailing slash; often empty.
-    pub base: &'a str,
+    base: &'a str,
 }
 
 impl<'a> Target<'a> {
