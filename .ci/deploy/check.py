@@ -347,9 +347,34 @@ def dockerfile():
     return text, stages
 
 
+def dockerignored(path: str, patterns: list[str]) -> bool:
+    """Whether .dockerignore keeps `path` (or a directory above it) out of the build
+    context: its patterns are globs from the context's root; `**` matches any depth."""
+    parts = path.strip("/").split("/")
+    excluded = False
+    for pattern in patterns:
+        negate = pattern.startswith("!")
+        glob = pattern.lstrip("!").strip("/")
+        regex = re.escape(glob).replace(r"\*\*/", "(.*/)?").replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
+        for depth in range(1, len(parts) + 1):
+            if re.fullmatch(regex, "/".join(parts[:depth])):
+                excluded = not negate
+                break
+    return excluded
+
+
 def check_docker(bin_dir: Path) -> None:
     where = "Dockerfile"
     text, _ = dockerfile()
+    ignore_file = ROOT / ".dockerignore"
+    patterns = [line.strip() for line in ignore_file.read_text().splitlines()
+                if line.strip() and not line.startswith("#")] if ignore_file.exists() else []
+    for line in re.findall(r"^COPY (?!--from)(.+)$", text, re.M):
+        for source in line.split()[:-1]:
+            if not (ROOT / source).exists():
+                problem(where, f"COPY {source}: no such file in the repository")
+            elif dockerignored(source, patterns):
+                problem(".dockerignore", f"excludes {source}, which the Dockerfile copies")
     final = text[[m.start() for m in re.finditer(r"^FROM ", text, re.M)][-1]:]
     config_path = DEPLOY / "docker/fleetgate.toml"
     m = re.search(r"^COPY (\S+) /etc/fleetgate/fleetgate.toml", final, re.M)
