@@ -513,9 +513,12 @@ def check_compose(bin_dir: Path) -> None:
 
 def strict(schema):
     """A CRD schema as kubectl's strict field validation reads it: unknown fields are
-    errors (the API server would prune them silently)."""
+    errors (the API server would prune them silently). Go's inline flags after `^`
+    (`^(?i)…`) are moved to the front, where Python's re takes them."""
     if isinstance(schema, dict):
         schema = {k: strict(v) for k, v in schema.items()}
+        if isinstance(schema.get("pattern"), str) and "(?i)" in schema["pattern"]:
+            schema["pattern"] = "(?i)" + schema["pattern"].replace("(?i)", "")
         if schema.get("type") == "object" and "properties" in schema and "additionalProperties" not in schema \
                 and not schema.get("x-kubernetes-preserve-unknown-fields"):
             schema["additionalProperties"] = False
@@ -528,15 +531,20 @@ def strict(schema):
 def check_kubernetes(bin_dir: Path) -> None:
     k8s = DEPLOY / "kubernetes"
     resources: dict[tuple[str, str], tuple[Path, dict]] = {}
-    service_monitor_schema = strict(json.loads((ROOT / ".ci/deploy/schemas/servicemonitor-v1.json").read_text()))
+    # The Prometheus Operator's kinds: their CRDs' schemas, vendored.
+    crd_schemas = {
+        ("monitoring.coreos.com/v1", kind): strict(json.loads((ROOT / f".ci/deploy/schemas/{kind.lower()}-v1.json").read_text()))
+        for kind in ("ServiceMonitor", "PrometheusRule")
+    }
     for path in sorted(k8s.glob("*.yaml")):
         for doc in load_yaml_docs(path):
             resources[(doc["kind"], doc["metadata"]["name"])] = (path, doc)
-            if doc["kind"] == "ServiceMonitor":
+            crd_schema = crd_schemas.get((doc["apiVersion"], doc["kind"]))
+            if crd_schema:
                 try:
-                    jsonschema.validate(doc, service_monitor_schema)
+                    jsonschema.validate(doc, crd_schema)
                 except jsonschema.ValidationError as err:
-                    problem(rel(path), f"ServiceMonitor: {err.message} at {'/'.join(map(str, err.absolute_path))}")
+                    problem(rel(path), f"{doc['kind']}: {err.message} at {'/'.join(map(str, err.absolute_path))}")
                 continue
             for version in KUBERNETES_VERSIONS:
                 try:
@@ -684,16 +692,62 @@ def check_systemd() -> None:
         problem(where, "ExecStart should run `fleetgate serve --config …`")
 
 
+# ---------------------------------------------------------------- PrometheusRule
+
+PROMETHEUS_RULE_HEADER = """\
+# The alert rules of deploy/prometheus/alerts.yml for the Prometheus Operator (its
+# comments, on what to tune, are there). Needs the PrometheusRule CRD; many installs
+# select rules by a label such as `release: <helm release>`: add it below if yours does.
+# GENERATED: edit alerts.yml, then, after .ci/deploy-check has installed its venv,
+#   target/deploy-check/venv/bin/python .ci/deploy/check.py --print-prometheusrule \\
+#     > deploy/kubernetes/prometheusrule.yaml
+# .ci/deploy-check fails while the two differ.
+"""
+
+
+def prometheus_rule() -> str:
+    groups = load_yaml_docs(DEPLOY / "prometheus/alerts.yml")[0]["groups"]
+    resource = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {"name": "fleetgate", "labels": {"app.kubernetes.io/name": "fleetgate"}},
+        "spec": {"groups": groups},
+    }
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def string(dumper, value):
+        style = "|" if "\n" in value else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    Dumper.add_representer(str, string)
+    return PROMETHEUS_RULE_HEADER + yaml.dump(resource, Dumper=Dumper, sort_keys=False, width=10**6)
+
+
+def check_prometheus_rule() -> None:
+    path = DEPLOY / "kubernetes/prometheusrule.yaml"
+    if not path.exists() or path.read_text() != prometheus_rule():
+        problem(rel(path), "differs from deploy/prometheus/alerts.yml: regenerate it (see its header)")
+
+
 # ---------------------------------------------------------------- main
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scrape", type=Path, required=True, help="a running fleetgate's /metrics")
-    parser.add_argument("--bin-dir", type=Path, required=True, help="where the built fleetgate is")
-    parser.add_argument("--node-dir", type=Path, required=True, help="where promql.mjs and its node_modules are")
-    parser.add_argument("--dashboard-rules", type=Path, required=True, help="where to write the dashboard's queries as rules")
+    parser.add_argument("--scrape", type=Path, help="a running fleetgate's /metrics")
+    parser.add_argument("--bin-dir", type=Path, help="where the built fleetgate is")
+    parser.add_argument("--node-dir", type=Path, help="where promql.mjs and its node_modules are")
+    parser.add_argument("--dashboard-rules", type=Path, help="where to write the dashboard's queries as rules")
+    parser.add_argument("--print-prometheusrule", action="store_true",
+                        help="print deploy/kubernetes/prometheusrule.yaml as generated from the alert rules, and stop")
     args = parser.parse_args()
+    if args.print_prometheusrule:
+        sys.stdout.write(prometheus_rule())
+        return 0
+    if None in (args.scrape, args.bin_dir, args.node_dir, args.dashboard_rules):
+        parser.error("--scrape, --bin-dir, --node-dir and --dashboard-rules are needed")
 
     families, samples = parse_exposition(args.scrape.read_text())
     groups = [
@@ -703,6 +757,7 @@ def main() -> int:
         ("Dockerfile and the image's config", lambda: check_docker(args.bin_dir)),
         ("compose setup", lambda: check_compose(args.bin_dir)),
         ("Kubernetes manifests", lambda: check_kubernetes(args.bin_dir)),
+        ("PrometheusRule matches the alert rules", check_prometheus_rule),
         ("systemd unit settings", check_systemd),
     ]
     for title, check in groups:
