@@ -6,7 +6,7 @@
 #   docker build -t mock-vllm --target mock-vllm .    # the simulated vLLM of tests/mock-vllm
 #
 # The gateway image's config is deploy/docker/fleetgate.toml, copied to
-# /etc/fleetgate/fleetgate.toml: API on 0.0.0.0:8080, /metrics and /health on
+# /etc/fleetgate/fleetgate.toml: API on 0.0.0.0:8080, /metrics and the probes on
 # 0.0.0.0:9090, SQLite in the /var/lib/fleetgate volume, one sample upstream at
 # http://host.docker.internal:8000. Mount your own config over it; FLEETGATE_* variables
 # override single values (README, Configuration). See README, Deploying.
@@ -81,15 +81,16 @@ VOLUME ["/var/lib/fleetgate"]
 # in the config file, so a config mounted over it is taken as written (a FLEETGATE_*
 # variable set in the image would silently override it).
 ENV FLEETGATE_CONFIG=/etc/fleetgate/fleetgate.toml
-# 8080: the API (`listen`). 9090: `ops_listen`, only /metrics and /health, for the
-# scraper and the probes.
+# 8080: the API (`listen`). 9090: `ops_listen`, only /metrics, /health, /ready and
+# /live, for the scraper and the probes.
 EXPOSE 8080 9090
 # The image has no curl or wget, and fleetgate no probe subcommand: bash (in every
-# Debian image) speaks HTTP over /dev/tcp. Healthy while GET /health on the ops port
-# answers 200; it is 503 while the store does not answer (README, Fleet). A config that
+# Debian image) speaks HTTP over /dev/tcp. Healthy while GET /ready on the ops port
+# answers 200: 503 while the store or Redis does not answer or shutdown has begun
+# (README, "Health, readiness and liveness"). A config that
 # moves ops_listen off port 9090 needs its own check (`docker run --health-cmd`, compose
 # `healthcheck:`).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
-  CMD ["bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/9090 && printf 'GET /health HTTP/1.1\\r\\nHost: localhost\\r\\nConnection: close\\r\\n\\r\\n' >&3 && read -r -t 2 _ status _ <&3 && [ \"$status\" = 200 ]"]
+  CMD ["bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/9090 && printf 'GET /ready HTTP/1.1\\r\\nHost: localhost\\r\\nConnection: close\\r\\n\\r\\n' >&3 && read -r -t 2 _ status _ <&3 && [ \"$status\" = 200 ]"]
 ENTRYPOINT ["fleetgate"]
 CMD ["serve"]

@@ -32,11 +32,13 @@ pub struct Config {
     /// Address the gateway listens on.
     #[serde(default = "default_listen")]
     pub listen: SocketAddr,
-    /// A second listener with only `GET /metrics` and `GET /health`, e.g. on an
+    /// A second listener with only `/metrics`, `/health`, `/ready` and `/live`, e.g. on an
     /// internal interface for the scraper (both stay on `listen` too).
     #[serde(default)]
     pub ops_listen: Option<SocketAddr>,
-    /// `sqlite://path/file.db` (created if missing) or `postgres://user@host/db`.
+    /// `sqlite://path/file.db` (created if missing) or `postgres://user@host/db`. A
+    /// relative SQLite path is relative to the config file's directory, not to where
+    /// the command runs, so `serve` and `keys` always open the same file.
     #[serde(default = "default_database_url")]
     pub database_url: String,
     /// Largest accepted request body; larger ones get 413.
@@ -82,9 +84,11 @@ pub struct LimitDefaults {
     /// still metered into the ledger).
     #[serde(default = "default_true")]
     pub enabled: bool,
-    /// Prompt + completion tokens per calendar month (UTC), reset on the 1st.
-    #[serde(default = "default_monthly_budget")]
-    pub monthly_budget_tokens: u64,
+    /// Prompt + completion tokens per calendar month (UTC), reset on the 1st. The name
+    /// of the CLI flag, the admin API and `/v1/usage`; the old `monthly_budget_tokens`
+    /// is still read.
+    #[serde(default = "default_monthly_budget", alias = "monthly_budget_tokens")]
+    pub monthly_budget: u64,
     /// Request starts per minute (bursts up to this many allowed).
     #[serde(default = "default_rpm")]
     pub requests_per_minute: u32,
@@ -100,7 +104,7 @@ impl Default for LimitDefaults {
     fn default() -> Self {
         Self {
             enabled: true,
-            monthly_budget_tokens: default_monthly_budget(),
+            monthly_budget: default_monthly_budget(),
             requests_per_minute: default_rpm(),
             max_concurrent: default_max_concurrent(),
             max_queued: default_max_queued(),
@@ -428,11 +432,66 @@ fn default_redis_key_prefix() -> String {
     "fleetgate".to_owned()
 }
 
+/// `url` with a relative SQLite file path made relative to `dir`; any other URL as it is.
+fn sqlite_relative_to(url: &str, dir: &Path) -> String {
+    let Some(rest) = url.strip_prefix("sqlite:") else {
+        return url.to_owned();
+    };
+    let file = rest.strip_prefix("//").unwrap_or(rest);
+    if file.is_empty() || file.starts_with(':') || Path::new(file).is_absolute() {
+        return url.to_owned();
+    }
+    format!("sqlite://{}", dir.join(file).display())
+}
+
+/// figment's errors, said once each as `key: problem` — without its profile prefix
+/// (`default.`), its doubled quoting of expected names, or the file name the caller
+/// already gives; a value from the environment says so.
+fn describe(errors: figment::Error) -> String {
+    use figment::Source;
+    use figment::error::Kind;
+    let said: Vec<String> = errors
+        .into_iter()
+        .map(|e| {
+            let key = e.path.join(".");
+            let problem = match &e.kind {
+                Kind::UnknownField(found, expected) => format!(
+                    "unknown key `{found}`; expected one of: {}",
+                    expected.join(", ")
+                ),
+                Kind::UnknownVariant(found, expected) => format!(
+                    "unknown value `{found}`; expected one of: {}",
+                    expected.join(", ")
+                ),
+                other => other.to_string(),
+            };
+            let origin = match e.metadata.as_ref() {
+                Some(meta) if !matches!(meta.source, Some(Source::File(_))) => {
+                    format!(" (from {})", meta.name)
+                }
+                _ => String::new(),
+            };
+            let at = match &e.kind {
+                // The unknown key is named in the problem; say where it sits.
+                Kind::UnknownField(..) if e.path.len() > 1 => {
+                    format!("in [{}]: ", e.path[..e.path.len() - 1].join("."))
+                }
+                Kind::UnknownField(..) => String::new(),
+                _ if key.is_empty() => String::new(),
+                _ => format!("{key}: "),
+            };
+            format!("{at}{problem}{origin}")
+        })
+        .collect();
+    said.join("; ")
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("configuration: {0}")]
-    Load(#[from] Box<figment::Error>),
-    #[error("configuration: {0}")]
+    /// Every problem figment found, one per `; `, each naming its key.
+    #[error("{0}")]
+    Load(String),
+    #[error("{0}")]
     Invalid(String),
 }
 
@@ -440,12 +499,15 @@ impl Config {
     /// Loads `path` (TOML) with `FLEETGATE_*` overrides, then validates.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         if !path.exists() {
-            return Err(ConfigError::Invalid(format!(
-                "config file {} does not exist",
-                path.display()
-            )));
+            return Err(ConfigError::Invalid(
+                "no such file (name another with --config or FLEETGATE_CONFIG)".to_owned(),
+            ));
         }
-        Self::from_figment(Figment::new().merge(Toml::file_exact(path)))
+        let mut config = Self::from_figment(Figment::new().merge(Toml::file_exact(path)))?;
+        let dir = path.parent().unwrap_or(Path::new(""));
+        let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
+        config.database_url = sqlite_relative_to(&config.database_url, &dir);
+        Ok(config)
     }
 
     /// Parses a TOML document with `FLEETGATE_*` overrides, then validates.
@@ -459,7 +521,10 @@ impl Config {
                 .iter()
                 .any(|k| key.as_str().eq_ignore_ascii_case(k))
         });
-        let config: Config = figment.merge(env).extract().map_err(Box::new)?;
+        let config: Config = figment
+            .merge(env)
+            .extract()
+            .map_err(|e| ConfigError::Load(describe(e)))?;
         config.validate()?;
         Ok(config)
     }
@@ -675,5 +740,27 @@ mod tests {
         assert!(refusal("prefix_imbalance_rel = 0.5").contains("fleet.prefix_imbalance_rel"));
         assert!(refusal("prefix_tracked = 0").contains("fleet.prefix_tracked must be between 1"));
         assert!(with("prefix_imbalance_abs = 0\nprefix_imbalance_rel = 1", "").is_ok());
+    }
+
+    #[test]
+    fn a_relative_sqlite_path_is_relative_to_the_config_directory() {
+        let dir = Path::new("/etc/fleetgate");
+        assert_eq!(
+            sqlite_relative_to("sqlite://data/fleetgate.db", dir),
+            "sqlite:///etc/fleetgate/data/fleetgate.db"
+        );
+        assert_eq!(
+            sqlite_relative_to("sqlite:fg.db?mode=rwc", dir),
+            "sqlite:///etc/fleetgate/fg.db?mode=rwc"
+        );
+        for kept in [
+            "sqlite:///var/lib/fleetgate/fleetgate.db",
+            "sqlite::memory:",
+            "sqlite://:memory:",
+            "sqlite://",
+            "postgres://fg@db/fleetgate",
+        ] {
+            assert_eq!(sqlite_relative_to(kept, dir), kept);
+        }
     }
 }

@@ -89,7 +89,8 @@ pub enum ApiError {
         retry_after: Duration,
     },
     #[error(
-        "This key's monthly budget of {budget} tokens is used up for {month} ({used} used, {reserved} reserved by running requests; this request needs at least {needed}). It resets at 00:00 UTC on the 1st."
+        "This key's monthly budget of {budget} tokens has {} left for {month} ({used} used, {reserved} reserved by running requests), fewer than the {needed} this request needs at least. It resets at 00:00 UTC on the 1st.",
+        budget_left(*.budget, *.used, *.reserved)
     )]
     BudgetExceeded {
         budget: u64,
@@ -141,6 +142,11 @@ pub struct ErrorBody {
     pub param: Option<Cow<'static, str>>,
 }
 
+/// What a budget has left beyond the used and reserved tokens.
+fn budget_left(budget: u64, used: u64, reserved: u64) -> u64 {
+    budget.saturating_sub(used.saturating_add(reserved))
+}
+
 impl ApiError {
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::InvalidRequest {
@@ -158,6 +164,17 @@ impl ApiError {
 
     pub fn internal(err: impl Into<anyhow::Error>) -> Self {
         Self::Internal(err.into())
+    }
+
+    /// Whether a node's answer (or its silence) caused this error, rather than the
+    /// gateway's own checks.
+    pub fn from_upstream(&self) -> bool {
+        matches!(
+            self,
+            Self::UpstreamRejected { .. }
+                | Self::UpstreamUnavailable(_)
+                | Self::UpstreamDeadline { .. }
+        )
     }
 
     pub fn status(&self) -> StatusCode {

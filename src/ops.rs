@@ -1,31 +1,54 @@
-//! The ops routes, served without a key (and on `ops_listen` too): `GET /metrics`, the
-//! Prometheus text of [`Metrics`](crate::metrics::Metrics), and
-//! `GET /health`: whether the gateway can serve (its store answers) and, per model,
-//! whether any node is up to run requests (no key needed). `?verbose=true` adds each
-//! node's state (by its GPU label; node addresses are not published).
+//! The ops routes, served without a key (and on `ops_listen` too):
+//! - `GET /metrics`: the Prometheus text of [`Metrics`](crate::metrics::Metrics);
+//! - `GET /live` (liveness): 200 while the process serves. Nothing outside it is asked,
+//!   since restarting the process would not bring a database or Redis back;
+//! - `GET /ready` (readiness): 200 when this replica can admit requests — the store and
+//!   the live counters (Redis, when configured) answer and it is not shutting down —
+//!   else 503 with the reasons, so a load balancer stops sending it traffic;
+//! - `GET /health`: the whole picture — store, live counters and, per model, whether any
+//!   node is up. `?verbose=true` adds each node's state and why it is down (by its GPU
+//!   label; node addresses are not published).
 //!
-//! The status is 503 only when the store does not answer: a model without a node up is
-//! reported (`ready: false`, overall `degraded`) but does not take the gateway out of a
-//! load balancer, since every replica would see the same nodes.
+//! A model without a node up is reported (`ready: false`, overall `degraded`) but takes
+//! no replica out of a load balancer, since every replica sees the same nodes.
 
-use axum::Json;
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::error::ApiError;
 use crate::fleet::Model;
+use crate::http::envelope::OwnBody;
 use crate::state::AppState;
 
 #[derive(Serialize, ToSchema)]
 pub struct Health {
-    /// `ok`; `degraded` when a model has no node up or the store does not answer.
+    /// `ok`; `degraded` when a model has no node up, or the store or the live counters
+    /// do not answer.
     status: &'static str,
     /// Whether the store (keys, ledger) answers.
     store: bool,
+    /// Whether the live counters (Redis, when configured) answer; while they do not,
+    /// every request is refused with 503 `admission_unavailable`.
+    admission: bool,
     models: Vec<ModelHealth>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Readiness {
+    /// Whether this replica can admit requests now.
+    ready: bool,
+    /// Why not: `store_unavailable`, `admission_unavailable`, `shutting_down`.
+    reasons: Vec<&'static str>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Liveness {
+    /// Always `ok`: the process answers.
+    status: &'static str,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -49,6 +72,10 @@ pub struct NodeHealth {
     gpu: String,
     /// `false` while ejected (failed requests or probes) or asleep.
     up: bool,
+    /// Why it is down: `request_failed` (a request sent to it failed), `probe_failed`
+    /// (it did not answer its health probe) or `asleep`. Absent while up.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    down_reason: Option<&'static str>,
     in_flight: usize,
 }
 
@@ -73,7 +100,7 @@ pub struct HealthQuery {
 pub async fn health(
     State(state): State<AppState>,
     Query(query): Query<HealthQuery>,
-) -> Result<(StatusCode, Json<Health>), ApiError> {
+) -> Result<(StatusCode, Extension<OwnBody>, Json<Health>), ApiError> {
     let verbose = match query.verbose.as_deref() {
         None | Some("false" | "0") => false,
         Some("" | "true" | "1") => true,
@@ -84,20 +111,14 @@ pub async fn health(
             ));
         }
     };
-    let store = match state.store().ping().await {
-        Ok(()) => true,
-        Err(err) => {
-            tracing::warn!(error = %err, "store health check failed");
-            false
-        }
-    };
+    let (store, admission) = dependencies(&state).await;
     let models: Vec<ModelHealth> = state
         .fleet()
         .models()
         .iter()
         .map(|m| model_health(m, verbose))
         .collect();
-    let status = if store && models.iter().all(|m| m.ready) {
+    let status = if store && admission && models.iter().all(|m| m.ready) {
         "ok"
     } else {
         "degraded"
@@ -109,12 +130,66 @@ pub async fn health(
     };
     Ok((
         code,
+        Extension(OwnBody),
         Json(Health {
             status,
             store,
+            admission,
             models,
         }),
     ))
+}
+
+/// Whether the store and the live counters answer, asked at once.
+async fn dependencies(state: &AppState) -> (bool, bool) {
+    let (store, admission) = tokio::join!(state.store().ping(), state.limiter().ping());
+    if let Err(err) = &store {
+        tracing::warn!(error = %err, "store health check failed");
+    }
+    if let Err(err) = &admission {
+        tracing::warn!(error = %err, "live counters health check failed");
+    }
+    (store.is_ok(), admission.is_ok())
+}
+
+#[utoipa::path(
+    get,
+    path = "/ready",
+    tag = "ops",
+    responses(
+        (status = 200, description = "This replica can admit requests.", body = Readiness),
+        (status = 503, description = "It cannot: the store or the live counters do not answer, or it is shutting down. `reasons` says which.", body = Readiness),
+    )
+)]
+pub async fn ready(
+    State(state): State<AppState>,
+) -> (StatusCode, Extension<OwnBody>, Json<Readiness>) {
+    let (store, admission) = dependencies(&state).await;
+    let reasons: Vec<&'static str> = [
+        (!store).then_some("store_unavailable"),
+        (!admission).then_some("admission_unavailable"),
+        state.draining().is_cancelled().then_some("shutting_down"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let ready = reasons.is_empty();
+    let code = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, Extension(OwnBody), Json(Readiness { ready, reasons }))
+}
+
+#[utoipa::path(
+    get,
+    path = "/live",
+    tag = "ops",
+    responses((status = 200, description = "The process serves.", body = Liveness))
+)]
+pub async fn live() -> Json<Liveness> {
+    Json(Liveness { status: "ok" })
 }
 
 fn model_health(model: &Model, verbose: bool) -> ModelHealth {
@@ -130,10 +205,18 @@ fn model_health(model: &Model, verbose: bool) -> ModelHealth {
             model
                 .nodes()
                 .iter()
-                .map(|u| NodeHealth {
-                    gpu: u.gpu.clone(),
-                    up: model.takes_requests(u),
-                    in_flight: u.in_flight(),
+                .map(|u| {
+                    let down_reason = if model.sleep.is_asleep() {
+                        Some(crate::fleet::DownReason::Asleep)
+                    } else {
+                        u.health.down_reason()
+                    };
+                    NodeHealth {
+                        gpu: u.gpu.clone(),
+                        up: down_reason.is_none(),
+                        down_reason: down_reason.map(crate::fleet::DownReason::as_str),
+                        in_flight: u.in_flight(),
+                    }
                 })
                 .collect()
         }),

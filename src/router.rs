@@ -1,5 +1,5 @@
 //! The routes: the key-protected `/v1` API, the admin API, the ops routes (`/health`,
-//! `/metrics`) and the docs, under the layers every request passes. `main` and the
+//! `/ready`, `/live`, `/metrics`) and the docs, under the layers every request passes. `main` and the
 //! tests both build the service here; the handlers know nothing of it.
 
 use axum::Router;
@@ -40,6 +40,8 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(v1_routes())
         .merge(admin::admin_routes())
         .routes(routes!(ops::health))
+        .routes(routes!(ops::ready))
+        .routes(routes!(ops::live))
 }
 
 /// The OpenAPI document, as served at `/openapi.json` and checked in at
@@ -48,11 +50,13 @@ pub fn openapi_document() -> utoipa::openapi::OpenApi {
     api_routes().split_for_parts().1
 }
 
-/// The ops listener's routes: `/metrics` and `/health`, nothing else.
+/// The ops listener's routes: `/metrics`, `/health`, `/ready` and `/live`, nothing else.
 pub fn build_ops_router(state: AppState) -> Router {
     Router::new()
         .route("/metrics", get(ops::metrics))
         .route("/health", get(ops::health))
+        .route("/ready", get(ops::ready))
+        .route("/live", get(ops::live))
         .fallback(fallback::not_found)
         .layer(middleware::from_fn(envelope::envelope))
         .with_state(state)
@@ -74,6 +78,8 @@ pub fn build_router(state: AppState) -> Router {
     // Ops routes without a key; `/metrics` is not in the OpenAPI document.
     let (open, _) = OpenApiRouter::new()
         .routes(routes!(ops::health))
+        .routes(routes!(ops::ready))
+        .routes(routes!(ops::live))
         .route("/metrics", get(ops::metrics))
         .split_for_parts();
     let swagger = SwaggerUi::new("/swagger").url("/openapi.json", openapi_document());

@@ -176,14 +176,15 @@ pub async fn serve(
     Ok(())
 }
 
-/// Serves `/metrics` and `/health` on the ops listener until aborted.
+/// Serves the ops routes (`/metrics`, `/health`, `/ready`, `/live`) on the ops listener
+/// until aborted.
 async fn serve_ops(
     state: &AppState,
     address: std::net::SocketAddr,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let listener = TcpListener::bind(address)
         .await
-        .with_context(|| format!("binding the ops listener {address}"))?;
+        .with_context(|| format!("cannot listen on {address} (ops_listen)"))?;
     tracing::info!(address = %listener.local_addr()?, "fleetgate ops listening");
     let router = crate::router::build_ops_router(state.clone());
     Ok(tokio::spawn(async move {

@@ -17,13 +17,17 @@ pub struct KeyUsage {
     month: String,
     /// Unix seconds of the next reset (00:00 UTC on the 1st).
     resets_at: i64,
-    /// Monthly budget in tokens (prompt + completion).
+    /// Monthly budget in tokens (prompt + completion): the `monthly_budget` of the key's
+    /// limits.
+    monthly_budget: u64,
+    /// The same as `monthly_budget`, under its first name; kept for existing clients.
+    #[schema(deprecated)]
     budget: u64,
     /// Tokens used by finished requests this month.
     used: u64,
     /// Tokens reserved by running requests (their worst case).
     reserved: u64,
-    /// `budget − used − reserved`.
+    /// `monthly_budget − used − reserved`.
     remaining: u64,
     requests_per_minute: u32,
     max_concurrent: u32,
@@ -72,6 +76,7 @@ pub async fn key_usage(
         key_prefix: key_prefix.to_owned(),
         month: month.to_string(),
         resets_at: month.next_start_unix(),
+        monthly_budget: limits.monthly_budget,
         budget: limits.monthly_budget,
         used: usage.used,
         reserved: usage.reserved,

@@ -287,6 +287,78 @@ fn unknown_config_keys_stop_the_start_with_their_name() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("listen_port"));
 }
 
+/// A config error is one line that says each problem once, by key, with no backtrace
+/// even when the user runs with `RUST_BACKTRACE=1`; so is any other CLI error.
+#[test]
+fn errors_are_one_line_each_said_once_without_a_backtrace() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, "[limits]\nrpm = 3\n[[models]]\nid = \"m\"\n[[models.upstreams]]\nurl = \"http://127.0.0.1:1\"\ngpu = \"g\"\n").unwrap();
+    let run = |args: &[&str], config: &Path| {
+        let output = Command::new(FLEETGATE)
+            .args(args)
+            .arg("--config")
+            .arg(config)
+            .env("RUST_BACKTRACE", "1")
+            .output()
+            .unwrap();
+        assert!(!output.status.success());
+        String::from_utf8(output.stderr).unwrap()
+    };
+    let stderr = run(&["keys", "list"], &path);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    assert!(
+        stderr.contains("in [limits]: unknown key `rpm`"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("requests_per_minute"), "{stderr}");
+    assert_eq!(stderr.matches("rpm").count(), 1, "said once: {stderr}");
+    assert!(!stderr.contains("default."), "{stderr}");
+    assert!(!stderr.contains("``"), "{stderr}");
+
+    let good = write_config(dir.path(), "http://127.0.0.1:1");
+    let stderr = run(&["keys", "revoke", "alice"], &good);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(!stderr.contains("backtrace"), "{stderr}");
+    assert!(stderr.contains("alice"), "{stderr}");
+}
+
+/// A relative SQLite path is relative to the config file, not to where the command runs:
+/// keys made from anywhere with `--config` land in the store `serve` opens.
+#[test]
+fn a_relative_sqlite_path_follows_the_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("etc").join("fleetgate.toml");
+    std::fs::create_dir_all(config.parent().unwrap()).unwrap();
+    std::fs::write(&config, "database_url = \"sqlite://state/fg.db\"\n[[models]]\nid = \"m\"\n[[models.upstreams]]\nurl = \"http://127.0.0.1:1\"\ngpu = \"g\"\n").unwrap();
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let keys = |cwd: &Path, args: &[&str]| {
+        let output = Command::new(FLEETGATE)
+            .args(args)
+            .arg("--config")
+            .arg(&config)
+            .current_dir(cwd)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).unwrap()
+    };
+    keys(&elsewhere, &["keys", "create", "--name", "alice"]);
+    assert!(dir.path().join("etc/state/fg.db").exists());
+    assert!(
+        !elsewhere.join("state").exists(),
+        "nothing made where the command ran"
+    );
+    let listed = keys(config.parent().unwrap(), &["keys", "list"]);
+    assert!(listed.contains("alice"), "{listed}");
+}
+
 /// On a busy address the demo says which one, and how to pick another.
 #[test]
 fn the_demo_on_a_busy_port_names_the_address_and_the_flag() {

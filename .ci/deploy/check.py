@@ -394,8 +394,8 @@ def check_docker(bin_dir: Path) -> None:
     else:
         if int(health.group(1)) != port_of(config["ops_listen"]):
             problem(where, f"HEALTHCHECK asks port {health.group(1)}, ops_listen is {config['ops_listen']}")
-        if health.group(2) != "/health":
-            problem(where, f"HEALTHCHECK asks {health.group(2)}, not /health")
+        if health.group(2) != "/ready":
+            problem(where, f"HEALTHCHECK asks {health.group(2)}, not /ready")
     volume = re.search(r'^VOLUME \["([^"]+)"\]', final, re.M)
     database = config["database_url"].removeprefix("sqlite://")
     if not volume or os.path.dirname(database) != volume.group(1):
@@ -619,8 +619,9 @@ def check_kubernetes(bin_dir: Path) -> None:
         get_ = spec.get("httpGet", {})
         if get_.get("port") != "ops":
             problem(where, f"{probe} should ask the ops port (ops_listen)")
-        if probe == "livenessProbe" and get_.get("path") != "/health":
-            problem(where, "livenessProbe should be /health")
+        wanted = {"startupProbe": "/live", "livenessProbe": "/live", "readinessProbe": "/ready"}[probe]
+        if get_.get("path") != wanted:
+            problem(where, f"{probe} should be {wanted}")
     grace_ms = config.get("shutdown_grace_ms", DEFAULT_SHUTDOWN_GRACE_MS)
     pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
     pre_stop_s = float(pre_stop[1]) if pre_stop[:1] == ["sleep"] else 0

@@ -52,7 +52,7 @@ impl KeyLimits {
     /// The key's overrides over the configured defaults.
     pub fn resolve(defaults: &LimitDefaults, own: &LimitOverrides) -> Self {
         Self {
-            monthly_budget: own.monthly_budget.unwrap_or(defaults.monthly_budget_tokens),
+            monthly_budget: own.monthly_budget.unwrap_or(defaults.monthly_budget),
             requests_per_minute: own
                 .requests_per_minute
                 .unwrap_or(defaults.requests_per_minute),
@@ -210,6 +210,11 @@ pub trait Limiter: Send + Sync + 'static {
 
     /// Requests running and waiting for the key.
     async fn occupancy(&self, key: i64) -> Result<(u32, u32), Denial>;
+
+    /// Whether the backend answers (for readiness). In-process counters always do.
+    async fn ping(&self) -> Result<(), Denial> {
+        Ok(())
+    }
 }
 
 /// Where a limiter reads usage it has not counted itself (a new process, a Redis that

@@ -674,6 +674,13 @@ impl Limiter for RedisLimiter {
         let count = |i| u32::try_from(value(&reply, i)).unwrap_or(u32::MAX);
         Ok((count(1), count(2)))
     }
+
+    async fn ping(&self) -> Result<(), Denial> {
+        self.call("ping", |mut c| async move {
+            ::redis::cmd("PING").query_async::<()>(&mut c).await
+        })
+        .await
+    }
 }
 
 #[async_trait]

@@ -63,7 +63,7 @@ use settle::Settlement;
         (status = 408, description = "`request_timeout`: the body did not arrive within `connections.body_read_timeout_ms` of its headers.", body = crate::openapi::ErrorEnvelopeDoc),
         (status = 413, description = "`request_too_large`: body over the limit. Carries `X-Should-Retry: false`.", body = crate::openapi::ErrorEnvelopeDoc,
             headers(("X-Should-Retry" = String, description = "`false`: a retry cannot succeed."))),
-        (status = 429, description = "`rate_limited` (more starts per minute than the key's rate), `queue_full` (the key's running and waiting requests are at their limits) or `budget_exceeded` (the monthly token budget is used up; also `X-Should-Retry: false`). Always with `Retry-After`.", body = crate::openapi::ErrorEnvelopeDoc,
+        (status = 429, description = "`rate_limited` (more starts per minute than the key's rate), `queue_full` (the key's running and waiting requests are at their limits) or `budget_exceeded` (what is left of the monthly token budget is less than the request needs; also `X-Should-Retry: false`). Always with `Retry-After`.", body = crate::openapi::ErrorEnvelopeDoc,
             headers(
                 ("Retry-After" = u32, description = "Seconds to wait; for `budget_exceeded`, until the budget resets."),
                 ("X-Should-Retry" = String, description = "`false` on `budget_exceeded`."),
@@ -98,7 +98,15 @@ pub async fn create_completion(
     let config = state.config();
     let body_timeout = Duration::from_millis(config.connections.body_read_timeout_ms);
     let bytes = read_limited(&headers, body, config.max_body_bytes, body_timeout).await?;
-    let request = CompletionRequest::parse(&bytes)?;
+    let request = CompletionRequest::parse(&bytes).inspect_err(|_| {
+        // Count a refused request under its model when it names a known one (unknown
+        // names are not metric labels: any string could be sent).
+        if let Some(model) =
+            named_model(&bytes).and_then(|id| state.fleet().resolve(Some(&id)).ok())
+        {
+            record.set_model(&model.id);
+        }
+    })?;
     let model = state.fleet().resolve(request.model())?;
     record.set_model(&model.id);
     request.check_logprobs_cap(model.max_logprobs)?;
@@ -116,13 +124,28 @@ pub async fn create_completion(
         facts,
     )
     .await;
+    // `forward` names the node that ran the request; the one asked for the model's facts
+    // stands in only when that node failed it (counting tokens). The gateway's own
+    // refusals (limits, budget, admission, store) name no node: nothing went upstream.
+    let node_failed = result.as_ref().err().is_none_or(ApiError::from_upstream);
     let mut response = result.unwrap_or_else(IntoResponse::into_response);
     for (name, value) in tags {
-        // `forward` names the node that ran the request; the one asked for the model's
-        // facts only stands in when the request failed before one was picked.
+        if name == X_ACS_UPSTREAM_GPU && !node_failed {
+            continue;
+        }
         response.headers_mut().entry(name).or_insert(value);
     }
     Ok(response)
+}
+
+/// The `model` a body names, if it is a JSON object with a string `model`, whatever
+/// else in it is wrong.
+fn named_model(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Named {
+        model: Option<String>,
+    }
+    serde_json::from_slice::<Named>(body).ok()?.model
 }
 
 /// What a model serves, and a node that is up to count tokens with (none while the

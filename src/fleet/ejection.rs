@@ -23,9 +23,33 @@ pub struct Health {
     backoff: Backoff,
 }
 
+/// Why a node is out of rotation, as verbose `/health` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DownReason {
+    /// A request sent to it failed (connection refused or reset, a 5xx).
+    RequestFailed,
+    /// It did not answer its health probe (or, at start-up, the discovery of what it
+    /// serves).
+    ProbeFailed,
+    /// Its model was put to sleep.
+    Asleep,
+}
+
+impl DownReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::RequestFailed => "request_failed",
+            Self::ProbeFailed => "probe_failed",
+            Self::Asleep => "asleep",
+        }
+    }
+}
+
 #[derive(Debug)]
 struct State {
     up: bool,
+    /// Why it went down, the last time it did.
+    reason: DownReason,
     /// When an ejected node may be probed again.
     until: Instant,
     /// Failures since the last request that succeeded here.
@@ -50,6 +74,7 @@ impl Health {
                 // Optimistic until the first probe: a node that is down fails its first
                 // request fast (connection refused) and is ejected then.
                 up: true,
+                reason: DownReason::RequestFailed,
                 until: Instant::now(),
                 streak: 0,
                 lost: CancellationToken::new(),
@@ -69,6 +94,12 @@ impl Health {
         self.state().up
     }
 
+    /// Why the node is out of rotation; `None` while it is up.
+    pub fn down_reason(&self) -> Option<DownReason> {
+        let state = self.state();
+        (!state.up).then_some(state.reason)
+    }
+
     /// Cancelled if the node is found dead while a request is on it.
     pub fn lost(&self) -> CancellationToken {
         self.state().lost.clone()
@@ -80,7 +111,7 @@ impl Health {
         if !state.up {
             return false;
         }
-        self.eject(&mut state);
+        self.eject(&mut state, DownReason::RequestFailed);
         true
     }
 
@@ -128,7 +159,7 @@ impl Health {
     pub fn probe_failed(&self) -> bool {
         let mut state = self.state();
         let was_up = state.up;
-        self.eject(&mut state);
+        self.eject(&mut state, DownReason::ProbeFailed);
         state.lost.cancel();
         was_up
     }
@@ -138,6 +169,7 @@ impl Health {
     pub fn set_down(&self) {
         let mut state = self.state();
         state.up = false;
+        state.reason = DownReason::Asleep;
         state.until = Instant::now();
         state.lost.cancel();
         state.downs += 1;
@@ -149,8 +181,9 @@ impl Health {
         self.state().until = Instant::now();
     }
 
-    fn eject(&self, state: &mut State) {
+    fn eject(&self, state: &mut State, reason: DownReason) {
         state.up = false;
+        state.reason = reason;
         state.streak = state.streak.saturating_add(1);
         state.until = Instant::now() + self.backoff.after(state.streak);
     }
@@ -216,6 +249,20 @@ mod tests {
             "a probe after it"
         );
         assert!(h.is_up());
+    }
+
+    #[test]
+    fn the_down_reason_is_the_last_way_the_node_went_down() {
+        let h = health(1, 1);
+        assert_eq!(h.down_reason(), None);
+        h.request_failed();
+        assert_eq!(h.down_reason(), Some(DownReason::RequestFailed));
+        h.probe_failed();
+        assert_eq!(h.down_reason(), Some(DownReason::ProbeFailed));
+        h.request_succeeded();
+        assert_eq!(h.down_reason(), None);
+        h.set_down();
+        assert_eq!(h.down_reason(), Some(DownReason::Asleep));
     }
 
     #[test]

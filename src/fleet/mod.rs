@@ -23,7 +23,7 @@ pub mod prober;
 mod sleep;
 mod wake;
 
-pub use ejection::Health;
+pub use ejection::{DownReason, Health};
 pub use load::Reported;
 pub use model::{Model, NoNode};
 pub use node::{InFlight, Node};

@@ -50,7 +50,7 @@ impl Prober {
     pub async fn discover(&self) {
         let all = self.fleet.nodes().map(|node| async move {
             if let Err(err) = node.discover(&self.client).await {
-                node.health.request_failed();
+                node.health.probe_failed();
                 tracing::warn!(upstream = %node.url, error = %err, "upstream not ready yet");
             }
         });

@@ -5,7 +5,8 @@
 //! error status without one was produced by the framework itself (a rejected extractor,
 //! a panic caught below us); it is re-rendered here so no bare framework body escapes.
 //! An error found before there is a request at all is rendered the same way by
-//! [`unrouted`].
+//! [`unrouted`]. A response marked [`OwnBody`] (a 503 from `/ready` saying why) is the
+//! answer itself and is left as it is.
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -20,6 +21,11 @@ use crate::error::{ApiError, ErrorBody};
 
 /// Framework error bodies are short texts; read at most this much of one.
 const FRAMEWORK_BODY_LIMIT: usize = 4 * 1024;
+
+/// Marks an error-status response whose body is the answer (the ops routes' 503s carry
+/// the state that caused them), not an error to put in the envelope.
+#[derive(Debug, Clone, Copy)]
+pub struct OwnBody;
 
 /// The id of the request being served, available to handlers as an extension.
 #[derive(Debug, Clone)]
@@ -58,7 +64,9 @@ pub async fn envelope(mut request: Request, next: Next) -> Response {
 
     let error = match response.extensions_mut().remove::<ErrorBody>() {
         Some(error) => Some(error),
-        None if is_error(response.status()) => Some(framework_error(&mut response).await),
+        None if is_error(response.status()) && response.extensions().get::<OwnBody>().is_none() => {
+            Some(framework_error(&mut response).await)
+        }
         None => None,
     };
     if let Some(error) = error {

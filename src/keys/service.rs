@@ -216,7 +216,7 @@ mod tests {
     fn defaults() -> LimitDefaults {
         LimitDefaults {
             enabled: true,
-            monthly_budget_tokens: 1_000,
+            monthly_budget: 1_000,
             requests_per_minute: 600,
             max_concurrent: 16,
             max_queued: 64,

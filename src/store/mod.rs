@@ -54,13 +54,36 @@ pub use sqlite::SqliteStore;
 /// absolute. Each `sqlite::memory:` store is a separate, private database that lives as
 /// long as the store.
 pub async fn connect(database_url: &str) -> Result<Arc<dyn Store>, StoreError> {
-    match url_scheme(database_url) {
-        Some("sqlite") => Ok(Arc::new(SqliteStore::connect(database_url).await?)),
-        Some("postgres" | "postgresql") => {
-            Ok(Arc::new(PostgresStore::connect(database_url).await?))
-        }
-        Some(other) => Err(StoreError::UnsupportedUrl(other.to_owned())),
-        None => Err(StoreError::UnsupportedUrl(String::new())),
+    let store: Result<Arc<dyn Store>, StoreError> = match url_scheme(database_url) {
+        Some("sqlite") => SqliteStore::connect(database_url)
+            .await
+            .map(|s| Arc::new(s) as Arc<dyn Store>),
+        Some("postgres" | "postgresql") => PostgresStore::connect(database_url)
+            .await
+            .map(|s| Arc::new(s) as Arc<dyn Store>),
+        Some(other) => return Err(StoreError::UnsupportedUrl(other.to_owned())),
+        None => return Err(StoreError::UnsupportedUrl(String::new())),
+    };
+    store.map_err(|source| StoreError::Open {
+        url: redacted(database_url),
+        source: Box::new(source),
+    })
+}
+
+/// `url` with the password of its user info, if any, replaced by `***`: fit for an
+/// error message or a log.
+pub fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((user_info, host)) => match user_info.split_once(':') {
+            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{path}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
     }
 }
 
@@ -77,6 +100,21 @@ fn url_scheme(url: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_redacted_url_keeps_everything_but_the_password() {
+        assert_eq!(
+            redacted("postgres://fleetgate:s3cr3t@db:5432/fleetgate?sslmode=require"),
+            "postgres://fleetgate:***@db:5432/fleetgate?sslmode=require"
+        );
+        assert_eq!(redacted("postgres://fg@db/x"), "postgres://fg@db/x");
+        assert_eq!(redacted("postgres://db/x@y"), "postgres://db/x@y");
+        assert_eq!(
+            redacted("sqlite://data/fleetgate.db"),
+            "sqlite://data/fleetgate.db"
+        );
+        assert_eq!(redacted("sqlite::memory:"), "sqlite::memory:");
+    }
 
     #[test]
     fn schemes() {

@@ -1,10 +1,12 @@
 //! The PostgreSQL backend.
 
+use std::str::FromStr as _;
 use std::time::Duration;
 
+use sqlx::Connection as _;
 use sqlx::PgPool;
 use sqlx::migrate::Migrator;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 
 use super::columns::{
     KeySelector, LimitColumns, LogColumns, UpdateColumns, UsageColumns, convert, insert_error,
@@ -36,10 +38,19 @@ pub struct PostgresStore {
 impl PostgresStore {
     /// Connects to a `postgres://` or `postgresql://` URL and migrates the database.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let options =
+            PgConnectOptions::from_str(url).map_err(|e| StoreError::InvalidUrl(e.to_string()))?;
+        // One connection of our own first: a pool that cannot connect says only "pool
+        // timed out" after its acquire timeout, hiding why (refused, unknown host,
+        // authentication failed, no such database).
+        let first = tokio::time::timeout(ACQUIRE_TIMEOUT, PgConnection::connect_with(&options))
+            .await
+            .map_err(|_| sqlx::Error::PoolTimedOut)??;
+        first.close().await?;
         let pool = PgPoolOptions::new()
             .max_connections(POOL_SIZE)
             .acquire_timeout(ACQUIRE_TIMEOUT)
-            .connect(url)
+            .connect_with(options)
             .await?;
         // Migrations take an advisory lock, so concurrent starts are safe.
         MIGRATOR.run(&pool).await?;

@@ -208,6 +208,13 @@ pub enum StoreError {
     UnsupportedUrl(String),
     #[error("invalid database URL: {0}")]
     InvalidUrl(String),
+    /// Opening the store at start-up failed; `url` has no password.
+    #[error("cannot open the store at {url}")]
+    Open {
+        url: String,
+        #[source]
+        source: Box<StoreError>,
+    },
     /// The store could not be reached when it was needed (its own error was logged
     /// where it happened).
     #[error("the store cannot be reached")]

@@ -94,6 +94,31 @@ async fn a_used_up_budget_is_429_budget_exceeded_and_not_retryable() {
     assert_eq!(gw.upstream_completions().len(), 1);
 }
 
+/// A budget with a few tokens left, too few for the request: the refusal says how many
+/// are left (not "used up"), and names no GPU node, since nothing went upstream.
+#[tokio::test]
+async fn a_budget_refusal_says_what_is_left_and_names_no_node() {
+    let gw = Gateway::start().await;
+    let (key_id, key) = gw.create_key(budget(28)).await;
+    let body = json!({"model": MODEL, "prompt": prompt(10), "max_tokens": 10}).to_string();
+    let first = gw.complete_as(&key, &body).send().await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert!(first.headers().contains_key("x-acs-upstream-gpu"));
+    first.bytes().await.unwrap();
+    gw.wait_occupancy(key_id, 0, 0).await;
+    // 8 left; the next needs its 10 prompt tokens and at least one more.
+    let response = gw.complete_as(&key, &body).send().await.unwrap();
+    assert!(
+        !response.headers().contains_key("x-acs-upstream-gpu"),
+        "{:?}",
+        response.headers()
+    );
+    let body = expect_error(response, 429, "budget_exceeded").await;
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("has 8 left"), "{message}");
+    assert!(!message.contains("used up"), "{message}");
+}
+
 #[tokio::test]
 async fn concurrent_requests_never_exceed_the_budget() {
     let gw = Gateway::start().await;
@@ -111,6 +136,11 @@ async fn concurrent_requests_never_exceed_the_budget() {
     let usage = gw.usage(&key).await;
     assert_eq!(usage["reserved"], 1000);
     assert_eq!(usage["remaining"], 0);
+    assert_eq!(usage["monthly_budget"], 1000, "the one name of the budget");
+    assert_eq!(
+        usage["budget"], 1000,
+        "its first name, kept for existing clients"
+    );
     gw.mock.open_gate();
     let mut statuses = Vec::new();
     for request in requests {
@@ -368,7 +398,7 @@ async fn with_limits_off_nothing_is_clamped_or_refused_but_usage_is_still_metere
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let config = fleetgate::config::Config::from_toml(&format!(
-        "database_url = \"sqlite://{}/fg.db\"\n[limits]\nenabled = false\nmonthly_budget_tokens = 10\nrequests_per_minute = 1\n[[models]]\nid = \"{MODEL}\"\n[[models.upstreams]]\nurl = \"{}\"\ngpu = \"g\"\n",
+        "database_url = \"sqlite://{}/fg.db\"\n[limits]\nenabled = false\nmonthly_budget = 10\nrequests_per_minute = 1\n[[models]]\nid = \"{MODEL}\"\n[[models.upstreams]]\nurl = \"{}\"\ngpu = \"g\"\n",
         dir.path().display(),
         mock.url()
     ))

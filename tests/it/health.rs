@@ -1,4 +1,5 @@
-//! `GET /health`: per-model readiness and, with `verbose`, each node's state.
+//! `GET /health`: per-model readiness and, with `verbose`, each node's state and why it
+//! is down; `GET /ready` and `GET /live` for load balancers and orchestrators.
 
 use std::time::Duration;
 
@@ -54,7 +55,7 @@ async fn health_reports_each_model_and_verbose_each_node() {
     assert_eq!(status, 200);
     assert_eq!(
         body,
-        json!({"status": "ok", "store": true, "models": [
+        json!({"status": "ok", "store": true, "admission": true, "models": [
             {"id": MODEL, "ready": true, "asleep": false, "nodes_up": 2, "nodes": 2, "queued": 0}
         ]})
     );
@@ -64,7 +65,7 @@ async fn health_reports_each_model_and_verbose_each_node() {
     assert_eq!(body["status"], "ok", "one node up is enough to be ready");
     assert_eq!(
         body["models"][0]["upstreams"],
-        json!([{"gpu": "gpu-a", "up": false, "in_flight": 0}, {"gpu": "gpu-b", "up": true, "in_flight": 0}])
+        json!([{"gpu": "gpu-a", "up": false, "down_reason": "probe_failed", "in_flight": 0}, {"gpu": "gpu-b", "up": true, "in_flight": 0}])
     );
 
     b.set_failure(FailureMode::Refuse);
@@ -121,7 +122,7 @@ eject_max_ms = 50";
         let (_, body) = health(&gw, "?verbose=true").await;
         assert_eq!(
             body["models"][0]["upstreams"],
-            json!([{"gpu": "gpu-a", "up": true, "in_flight": 0}, {"gpu": "gpu-other", "up": false, "in_flight": 0}]),
+            json!([{"gpu": "gpu-a", "up": true, "in_flight": 0}, {"gpu": "gpu-other", "up": false, "down_reason": "probe_failed", "in_flight": 0}]),
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -131,4 +132,122 @@ eject_max_ms = 50";
         .await
         .unwrap();
     assert_eq!(response.headers()["x-acs-upstream-model"], CHECKPOINT);
+}
+
+async fn get(client: &reqwest::Client, url: &str) -> (u16, Value) {
+    let response = client.get(url).send().await.unwrap();
+    (response.status().as_u16(), response.json().await.unwrap())
+}
+
+#[tokio::test]
+async fn a_serving_gateway_is_live_and_ready() {
+    let gw = Gateway::start().await;
+    let live = get(&gw.client, &format!("{}/live", gw.url)).await;
+    assert_eq!(live, (200, json!({"status": "ok"})));
+    let ready = get(&gw.client, &format!("{}/ready", gw.url)).await;
+    assert_eq!(ready, (200, json!({"ready": true, "reasons": []})));
+}
+
+/// A node whose request failed says so in verbose health (the probe is slow here, so
+/// the request's failure is what took it down).
+#[tokio::test]
+async fn verbose_health_says_a_failed_request_took_the_node_down() {
+    let (a, b) = (node().await, node().await);
+    let fleet = "[fleet]
+probe_interval_ms = 60000
+eject_base_ms = 60000
+eject_max_ms = 60000";
+    let gw = Gateway::start_fleet(fleet, "", &[(&a, "gpu-a", ""), (&b, "gpu-b", "")]).await;
+    a.set_failure(FailureMode::Status500);
+    b.set_failure(FailureMode::Status500);
+    let body = json!({"prompt": [1, 2], "max_tokens": 2}).to_string();
+    for _ in 0..2 {
+        gw.complete(&body)
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+    }
+    let (_, health) = health(&gw, "?verbose=true").await;
+    let reasons: Vec<&Value> = health["models"][0]["upstreams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|node| &node["down_reason"])
+        .collect();
+    assert!(reasons.contains(&&json!("request_failed")), "{health}");
+}
+
+/// The live counters (Redis) cannot be reached: every request would get 503
+/// `admission_unavailable`, so the replica is not ready and health says why — while it
+/// stays live (a restart would not bring Redis back).
+#[tokio::test]
+async fn an_unreachable_redis_makes_the_replica_unready_but_live() {
+    let mock = node().await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let toml = common::fleet_toml(
+        dir.path(),
+        &format!("redis_url = \"redis://127.0.0.1:{closed}\""),
+        "",
+        &[(&mock, "gpu-a", "")],
+    );
+    let config = fleetgate::config::Config::from_toml(&toml).unwrap();
+    let state = fleetgate::server::prepare(config).await.unwrap();
+    let key = fleetgate::keys::generate();
+    state
+        .store()
+        .create_key(
+            "t",
+            None,
+            &key,
+            &fleetgate::store::LimitOverrides::default(),
+        )
+        .await
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(fleetgate::server::serve(state, listener, async {
+        let _ = stopped.await;
+    }));
+    let client = reqwest::Client::new();
+
+    let ready = get(&client, &format!("{url}/ready")).await;
+    assert_eq!(
+        ready,
+        (
+            503,
+            json!({"ready": false, "reasons": ["admission_unavailable"]})
+        )
+    );
+    let live = get(&client, &format!("{url}/live")).await;
+    assert_eq!(live.0, 200);
+    let (status, health) = get(&client, &format!("{url}/health")).await;
+    assert_eq!(status, 200, "the store answers: {health}");
+    assert_eq!(health["admission"], false);
+    assert_eq!(health["status"], "degraded");
+
+    let refused = client
+        .post(format!("{url}/v1/completions"))
+        .bearer_auth(key.secret.expose())
+        .json(&json!({"prompt": "Hello", "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        !refused.headers().contains_key("x-acs-upstream-gpu"),
+        "nothing went upstream: {:?}",
+        refused.headers()
+    );
+    expect_error(refused, 503, "admission_unavailable").await;
+
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
 }

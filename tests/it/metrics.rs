@@ -68,6 +68,15 @@ async fn metrics_count_requests_upstreams_and_refusals_without_keys_or_prompts()
     )
     .await;
 
+    // A 400 for a known model (a bad parameter): counted under that model.
+    let body = json!({"model": MODEL, "prompt": PROMPT, "max_tokens": -1}).to_string();
+    expect_error(
+        gw.complete(&body).send().await.unwrap(),
+        400,
+        "invalid_request",
+    )
+    .await;
+
     // A key with a rate of one request a minute: the first passes, the second is 429.
     let (_, limited) = gw
         .create_key(LimitOverrides {
@@ -150,8 +159,16 @@ async fn metrics_count_requests_upstreams_and_refusals_without_keys_or_prompts()
         1.0
     );
     assert_eq!(
+        get(
+            &samples,
+            requests,
+            &[m, ("status", "400"), ("code", "invalid_request")]
+        ),
+        1.0
+    );
+    assert_eq!(
         get(&samples, "fleetgate_request_duration_seconds_count", &[m]),
-        4.0
+        5.0
     );
     assert!(get(&samples, "fleetgate_request_duration_seconds_sum", &[m]) > 0.0);
     assert_eq!(

@@ -1254,10 +1254,38 @@ async fn unsupported_urls_name_the_scheme() {
         store::connect("data/fleetgate.db").await,
         Err(StoreError::UnsupportedUrl(_))
     ));
-    assert!(matches!(
-        store::connect("sqlite://").await,
-        Err(StoreError::InvalidUrl(_))
-    ));
+    match store::connect("sqlite://").await {
+        Err(StoreError::Open { source, .. }) => {
+            assert!(matches!(*source, StoreError::InvalidUrl(_)), "{source:?}")
+        }
+        Err(other) => panic!("expected Open(InvalidUrl), got {other:?}"),
+        Ok(_) => panic!("expected Open(InvalidUrl), got a store"),
+    }
+}
+
+/// A PostgreSQL store on a port nobody listens on: the error says at once which URL
+/// (without its password) and why, instead of "pool timed out" after the pool's wait.
+#[tokio::test]
+async fn a_store_that_cannot_be_reached_is_named_with_its_cause() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("postgres://fleetgate:hunter2@127.0.0.1:{port}/fleetgate");
+    let Err(err) = store::connect(&url).await else {
+        panic!("connected to a closed port")
+    };
+    let message = format!("{:#}", anyhow::Error::new(err));
+    assert!(
+        message.contains(&format!(
+            "postgres://fleetgate:***@127.0.0.1:{port}/fleetgate"
+        )),
+        "{message}"
+    );
+    assert!(!message.contains("hunter2"), "{message}");
+    assert!(message.to_lowercase().contains("refused"), "{message}");
+    assert!(!message.contains("timed out"), "{message}");
 }
 
 /// A store that reports every `append_request_log` call (its row count, and whether it

@@ -156,7 +156,7 @@ def write_config(tmp, name, database_url, mock_url, admin_token):
         f'admin_token = "{admin_token}"\n'
         f'shutdown_grace_ms = 5000\n'
         f'[limits]\n'
-        f'monthly_budget_tokens = 1000000000000\n'
+        f'monthly_budget = 1000000000000\n'
         f'requests_per_minute = 1000000\n'
         f'max_concurrent = 1000\n'
         f'max_queued = 1000\n'

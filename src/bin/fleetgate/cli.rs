@@ -347,13 +347,13 @@ fn record_json(record: &KeyRecord, defaults: &LimitDefaults) -> serde_json::Valu
         "revoked_at": record.revoked_at,
         "active": record.is_active(),
         "limits": {
-            "monthly_budget_tokens": eff.monthly_budget,
+            "monthly_budget": eff.monthly_budget,
             "requests_per_minute": eff.requests_per_minute,
             "max_concurrent": eff.max_concurrent,
             "max_queued": eff.max_queued,
         },
         "overrides": {
-            "monthly_budget_tokens": own.monthly_budget,
+            "monthly_budget": own.monthly_budget,
             "requests_per_minute": own.requests_per_minute,
             "max_concurrent": own.max_concurrent,
             "max_queued": own.max_queued,
@@ -445,7 +445,7 @@ mod tests {
     fn defaults() -> LimitDefaults {
         LimitDefaults {
             enabled: true,
-            monthly_budget_tokens: 1_000,
+            monthly_budget: 1_000,
             requests_per_minute: 600,
             max_concurrent: 16,
             max_queued: 64,
@@ -537,7 +537,7 @@ mod tests {
                 .unwrap();
         assert_eq!(json["used_tokens"], 120);
         assert_eq!(json["remaining_tokens"], 380);
-        assert_eq!(json["limits"]["monthly_budget_tokens"], 500);
+        assert_eq!(json["limits"]["monthly_budget"], 500);
         assert_eq!(json["month"], Month::now().to_string());
         assert!(key_usage(store, &defaults, "12345", false).await.is_err());
 

@@ -25,7 +25,7 @@ pub async fn run(listen: SocketAddr, data_dir: &Path) -> anyhow::Result<()> {
     let config = Config::from_toml(&format!(
         r#"
 listen = "{listen}"
-database_url = "sqlite://{data}/fleetgate.db"
+database_url = "sqlite://{data}/demo.db"
 
 [[models]]
 id = "{DEMO_MODEL}"

@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -38,10 +39,11 @@ enum Command {
     },
     /// Run the gateway on embedded defaults, in front of a simulated vLLM, with a demo key.
     Demo {
-        /// Address to serve on.
+        /// Address to serve on (`host:port`); pick another when 8080 is taken.
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: SocketAddr,
-        /// Where the SQLite store is kept.
+        /// Where the demo's SQLite store (`demo.db`) is kept, apart from the store of
+        /// `serve`.
         #[arg(long, default_value = "data")]
         data_dir: PathBuf,
     },
@@ -73,22 +75,29 @@ enum KeysCommand {
     /// Create a key; its secret is printed once, alone on the last line (or as JSON).
     /// Limits not given are the configured defaults (`[limits]`).
     Create {
+        /// A name for the key (who or what uses it), shown in listings and logs.
         #[arg(long)]
         name: String,
+        /// Its owner's email address, for the records.
         #[arg(long)]
         email: Option<String>,
         #[command(flatten)]
         limits: CreateLimits,
+        /// Print the key (secret included) as one JSON object.
         #[arg(long)]
         json: bool,
     },
     /// List keys (never their secrets) with their effective limits.
     List {
+        /// Print a JSON array instead of a table.
         #[arg(long)]
         json: bool,
     },
     /// Revoke a key by id or prefix; it stops working at once.
-    Revoke { id_or_prefix: String },
+    Revoke {
+        /// The key's id, or its prefix (the secret's first characters, as listed).
+        id_or_prefix: String,
+    },
     /// Change a key's own limits (`default` returns one to the configured default), then
     /// print its effective limits. A running server applies them to new requests.
     Set {
@@ -105,6 +114,7 @@ enum KeysCommand {
     Usage {
         /// The key's id or prefix.
         id_or_prefix: String,
+        /// Print one JSON object.
         #[arg(long)]
         json: bool,
     },
@@ -174,17 +184,31 @@ impl ConfigArg {
     }
 }
 
+/// Errors are printed as one line, their causes joined by `: ` — never with a
+/// backtrace, whatever `RUST_BACKTRACE` says: they are the user's to act on, not a bug.
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    match Args::parse().command {
+async fn main() -> ExitCode {
+    match run(Args::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    match args.command {
         Command::Serve { config } => {
             let config = config.load()?;
             let _log = server::init_logging(config.log_format);
             let listener = tokio::net::TcpListener::bind(config.listen)
                 .await
-                .with_context(|| format!("binding {}", config.listen))?;
-            tracing::info!(address = %listener.local_addr()?, "fleetgate listening");
+                .with_context(|| format!("cannot listen on {}", config.listen))?;
+            let address = listener.local_addr()?;
             let state = server::prepare(config).await?;
+            // Only now: a store that cannot be opened fails start-up before this line.
+            tracing::info!(%address, "fleetgate listening");
             server::serve(state, listener, server::shutdown_signal()).await
         }
         Command::Demo { listen, data_dir } => demo::run(listen, &data_dir).await,
