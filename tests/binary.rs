@@ -789,3 +789,126 @@ async fn sigkill_loses_only_the_last_moments_of_usage_and_sigterm_none() {
         answered.len()
     );
 }
+
+/// `fleetgate log` and `fleetgate spend` read what a server wrote to the request log:
+/// filtered by key, model, status and time; per day, key and model; metadata only.
+#[tokio::test]
+async fn log_and_spend_show_the_requests_a_server_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_mock, upstream) = start_mock(0);
+    let config = write_config(dir.path(), &upstream);
+    let key = |name: &str| {
+        let out = fleetgate(&config, &["keys", "create", "--name", name, "--json"]);
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (
+            json["secret"].as_str().unwrap().to_owned(),
+            json["prefix"].as_str().unwrap().to_owned(),
+        )
+    };
+    let ((alice, alice_prefix), (bob, bob_prefix)) = (key("alice"), key("bob"));
+
+    let (server, url) = serve(&config, "log");
+    let prompt = "The zanzibar prompt";
+    let ok = serde_json::json!({"model": "llama-8b", "prompt": prompt, "max_tokens": 3});
+    let bad = serde_json::json!({"model": "llama-8b", "prompt": prompt, "max_tokens": -1});
+    for (secret, body, status) in [
+        (&alice, &ok, 200),
+        (&alice, &ok, 200),
+        (&alice, &bad, 400),
+        (&bob, &ok, 200),
+    ] {
+        let response = complete(&url, secret, body.clone()).await;
+        assert_eq!(response.status(), status);
+        response.bytes().await.unwrap();
+    }
+    // A clean stop writes every queued log row.
+    let mut server = server;
+    let pid = server.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    assert!(server.0.wait().unwrap().success());
+
+    let text = |args: &[&str]| String::from_utf8(fleetgate(&config, args).stdout).unwrap();
+    let lines = |args: &[&str]| -> Vec<serde_json::Value> {
+        text(args)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+
+    let alices = lines(&["log", "--key", &alice_prefix, "--json"]);
+    assert_eq!(alices.len(), 3, "{alices:?}");
+    assert!(
+        alices
+            .iter()
+            .all(|r| r["key_prefix"] == alice_prefix.as_str())
+    );
+    let times: Vec<i64> = alices
+        .iter()
+        .map(|r| r["created_at_ms"].as_i64().unwrap())
+        .collect();
+    assert!(
+        times.windows(2).all(|w| w[0] >= w[1]),
+        "newest first: {times:?}"
+    );
+    assert_eq!(alices[0]["status"], 400, "the last request comes first");
+
+    let refused = lines(&["log", "--status", "4xx", "--json"]);
+    assert_eq!(refused.len(), 1);
+    assert_eq!(refused[0]["error_code"], "invalid_request");
+    assert_eq!(refused[0]["model"], "llama-8b");
+    assert_eq!(
+        lines(&["log", "--status", "200", "--model", "llama-8b", "--json"]).len(),
+        3
+    );
+    assert!(lines(&["log", "--model", "other", "--json"]).is_empty());
+    assert_eq!(lines(&["log", "--limit", "1", "--json"]).len(), 1);
+    assert!(text(&["log", "--since", "2099-01-01"]).contains("No requests match."));
+    assert_eq!(
+        lines(&["log", "--since", "1h", "--until", "2099-01-01", "--json"]).len(),
+        4
+    );
+    let table = text(&["log"]);
+    assert!(
+        table.contains(&bob_prefix) && table.contains("4 requests"),
+        "{table}"
+    );
+    assert!(
+        !table.contains("zanzibar") && !table.contains(&alice),
+        "metadata only: {table}"
+    );
+
+    let spend: serde_json::Value = serde_json::from_str(&text(&["spend", "--json"])).unwrap();
+    let spend = spend.as_array().unwrap();
+    assert_eq!(spend.len(), 2, "one row per key and model today: {spend:?}");
+    let of = |prefix: &str| spend.iter().find(|r| r["key_prefix"] == prefix).unwrap();
+    assert_eq!(of(&alice_prefix)["requests"], 3);
+    assert_eq!(of(&bob_prefix)["requests"], 1);
+    let logged_tokens: u64 = alices
+        .iter()
+        .map(|r| {
+            r["prompt_tokens"].as_u64().unwrap_or(0) + r["completion_tokens"].as_u64().unwrap_or(0)
+        })
+        .sum();
+    assert!(logged_tokens > 0);
+    assert_eq!(of(&alice_prefix)["total_tokens"], logged_tokens);
+    let bobs = text(&["spend", "--key", &bob_prefix]);
+    assert!(
+        bobs.contains(&bob_prefix) && !bobs.contains(&alice_prefix),
+        "{bobs}"
+    );
+    assert!(bobs.contains("total"), "{bobs}");
+
+    let refused = Command::new(FLEETGATE)
+        .args(["log", "--status", "6xx", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("1xx to 5xx"));
+}

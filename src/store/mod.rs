@@ -40,8 +40,8 @@ mod sqlite;
 pub use columns::now_unix;
 pub use postgres::PostgresStore;
 pub use records::{
-    KeyChange, KeyRecord, KeySignals, LimitOverrides, LimitUpdate, RequestLogRow, Store,
-    StoreError, UsageRow,
+    KeyChange, KeyRecord, KeySignals, LimitOverrides, LimitUpdate, RequestLogRow, RequestQuery,
+    SpendQuery, SpendRow, StatusMatch, Store, StoreError, UsageRow,
 };
 pub use sqlite::SqliteStore;
 

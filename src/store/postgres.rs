@@ -15,8 +15,8 @@ use super::columns::{
 use futures_util::StreamExt as _;
 
 use super::records::{
-    KeyChange, KeyRecord, KeySignals, LimitOverrides, LimitUpdate, RequestLogRow, Store,
-    StoreError, UsageRow,
+    KeyChange, KeyRecord, KeySignals, LimitOverrides, LimitUpdate, RequestLogRow, RequestQuery,
+    SpendQuery, SpendRow, Store, StoreError, UsageRow,
 };
 use crate::keys::NewKey;
 

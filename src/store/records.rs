@@ -189,10 +189,78 @@ pub trait Store: Send + Sync + 'static {
     async fn append_request_log(&self, rows: &[RequestLogRow]) -> Result<(), StoreError>;
 
     /// The latest `limit` request log rows, newest (`created_at_ms`) first.
-    async fn recent_requests(&self, limit: u32) -> Result<Vec<RequestLogRow>, StoreError>;
+    async fn recent_requests(&self, limit: u32) -> Result<Vec<RequestLogRow>, StoreError> {
+        self.requests(&RequestQuery {
+            limit,
+            ..RequestQuery::default()
+        })
+        .await
+    }
+
+    /// The request log rows `query` selects, newest (`created_at_ms`) first.
+    async fn requests(&self, query: &RequestQuery) -> Result<Vec<RequestLogRow>, StoreError>;
+
+    /// Requests and tokens from the request log, per UTC day, key and model, oldest day
+    /// first; only requests made with a key.
+    async fn spend(&self, query: &SpendQuery) -> Result<Vec<SpendRow>, StoreError>;
 
     /// A round trip to the database, for health checks.
     async fn ping(&self) -> Result<(), StoreError>;
+}
+
+/// Which request log rows to read; every filter is optional.
+#[derive(Debug, Clone, Default)]
+pub struct RequestQuery {
+    pub key_id: Option<i64>,
+    pub model: Option<String>,
+    pub status: Option<StatusMatch>,
+    /// From this time on, Unix milliseconds (inclusive).
+    pub since_ms: Option<i64>,
+    /// Before this time, Unix milliseconds (exclusive).
+    pub until_ms: Option<i64>,
+    /// At most this many rows (the newest).
+    pub limit: u32,
+}
+
+/// A status filter: one status, or a class (`Class(4)`: 400–499).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusMatch {
+    Exact(u16),
+    Class(u16),
+}
+
+impl StatusMatch {
+    /// The statuses matched, as a half-open range.
+    pub fn range(self) -> std::ops::Range<i64> {
+        match self {
+            Self::Exact(status) => i64::from(status)..i64::from(status) + 1,
+            Self::Class(class) => i64::from(class) * 100..i64::from(class) * 100 + 100,
+        }
+    }
+}
+
+/// Which part of the request log to sum up.
+#[derive(Debug, Clone, Default)]
+pub struct SpendQuery {
+    pub key_id: Option<i64>,
+    /// From this time on, Unix milliseconds (inclusive).
+    pub since_ms: Option<i64>,
+    /// Before this time, Unix milliseconds (exclusive).
+    pub until_ms: Option<i64>,
+}
+
+/// One UTC day's requests and tokens of one key on one model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpendRow {
+    /// Days since 1970-01-01 (UTC).
+    pub day: i64,
+    pub key_id: i64,
+    pub key_prefix: Option<String>,
+    /// `None` for requests refused before their model was known.
+    pub model: Option<String>,
+    pub requests: u64,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
 }
 
 #[derive(Debug, thiserror::Error)]

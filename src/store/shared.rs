@@ -38,6 +38,20 @@ macro_rules! impl_store {
             insert
         }
 
+        /// ` AND created_at_ms >= since AND created_at_ms < until`, for the bounds given.
+        fn push_time_range(
+            select: &mut sqlx::QueryBuilder<$db>,
+            since_ms: Option<i64>,
+            until_ms: Option<i64>,
+        ) {
+            if let Some(since) = since_ms {
+                select.push(" AND created_at_ms >= ").push_bind(since);
+            }
+            if let Some(until) = until_ms {
+                select.push(" AND created_at_ms < ").push_bind(until);
+            }
+        }
+
         #[async_trait::async_trait]
         impl Store for $store {
             async fn create_key(
@@ -209,18 +223,62 @@ macro_rules! impl_store {
                 Ok(convert(sum, "SUM(tokens)")?)
             }
 
-            async fn recent_requests(
+            async fn requests(
                 &self,
-                limit: u32,
+                query: &RequestQuery,
             ) -> Result<Vec<RequestLogRow>, StoreError> {
-                Ok(sqlx::query_as(concat!(
+                let mut select = sqlx::QueryBuilder::<$db>::new(concat!(
                     "SELECT ",
                     request_log_columns!(),
-                    " FROM request_log ORDER BY created_at_ms DESC, id DESC LIMIT $1"
-                ))
-                .bind(i64::from(limit))
-                .fetch_all(&self.pool)
-                .await?)
+                    " FROM request_log WHERE 1 = 1"
+                ));
+                if let Some(key_id) = query.key_id {
+                    select.push(" AND key_id = ").push_bind(key_id);
+                }
+                if let Some(model) = &query.model {
+                    select.push(" AND model = ").push_bind(model.as_str());
+                }
+                if let Some(status) = query.status {
+                    let range = status.range();
+                    select.push(" AND status >= ").push_bind(range.start);
+                    select.push(" AND status < ").push_bind(range.end);
+                }
+                push_time_range(&mut select, query.since_ms, query.until_ms);
+                select
+                    .push(" ORDER BY created_at_ms DESC, id DESC LIMIT ")
+                    .push_bind(i64::from(query.limit));
+                Ok(select.build_query_as().fetch_all(&self.pool).await?)
+            }
+
+            async fn spend(&self, query: &SpendQuery) -> Result<Vec<SpendRow>, StoreError> {
+                // PostgreSQL's SUM of BIGINT is NUMERIC: cast it back.
+                let mut select = sqlx::QueryBuilder::<$db>::new(concat!(
+                    "SELECT CAST(created_at_ms / 86400000 AS BIGINT) AS day, key_id, ",
+                    "MAX(key_prefix), model, CAST(COUNT(*) AS BIGINT), ",
+                    "CAST(COALESCE(SUM(prompt_tokens), 0) AS BIGINT), ",
+                    "CAST(COALESCE(SUM(completion_tokens), 0) AS BIGINT) ",
+                    "FROM request_log WHERE key_id IS NOT NULL"
+                ));
+                if let Some(key_id) = query.key_id {
+                    select.push(" AND key_id = ").push_bind(key_id);
+                }
+                push_time_range(&mut select, query.since_ms, query.until_ms);
+                select.push(" GROUP BY day, key_id, model ORDER BY day, key_id, model");
+                let rows: Vec<(i64, i64, Option<String>, Option<String>, i64, i64, i64)> =
+                    select.build_query_as().fetch_all(&self.pool).await?;
+                rows.into_iter()
+                    .map(|(day, key_id, key_prefix, model, requests, prompt, completion)| {
+                        Ok(SpendRow {
+                            day,
+                            key_id,
+                            key_prefix,
+                            model,
+                            requests: convert(requests, "COUNT(*)")?,
+                            prompt_tokens: convert(prompt, "SUM(prompt_tokens)")?,
+                            completion_tokens: convert(completion, "SUM(completion_tokens)")?,
+                        })
+                    })
+                    .collect()
             }
 
             async fn ping(&self) -> Result<(), StoreError> {

@@ -12,7 +12,8 @@ use super::columns::{
     now_unix, text_column,
 };
 use super::records::{
-    KeyChange, KeyRecord, LimitOverrides, LimitUpdate, RequestLogRow, Store, StoreError, UsageRow,
+    KeyChange, KeyRecord, LimitOverrides, LimitUpdate, RequestLogRow, RequestQuery, SpendQuery,
+    SpendRow, Store, StoreError, UsageRow,
 };
 use crate::backoff::Backoff;
 use crate::keys::NewKey;

@@ -14,8 +14,8 @@ use crate::common::postgres::{FreshDatabase, with_database};
 use fleetgate::keys::{self, NewKey};
 use fleetgate::request_log::{RequestLog, RequestLogConfig, RequestLogStats};
 use fleetgate::store::{
-    self, KeyChange, KeyRecord, LimitOverrides, LimitUpdate, RequestLogRow, SqliteStore, Store,
-    StoreError, UsageRow,
+    self, KeyChange, KeyRecord, LimitOverrides, LimitUpdate, RequestLogRow, RequestQuery,
+    SpendQuery, SpendRow, SqliteStore, StatusMatch, Store, StoreError, UsageRow,
 };
 
 /// No overrides: every limit is the configured default.
@@ -127,6 +127,7 @@ backend_tests! {
         usage_is_idempotent,
         usage_refuses_bad_rows,
         request_log_round_trip,
+        request_log_filters_and_spend_by_day,
         request_log_writer_close_writes_everything,
         request_log_writer_flush,
     ],
@@ -965,6 +966,132 @@ fn log_row(request_id: &str, created_at_ms: i64) -> RequestLogRow {
     }
 }
 
+/// `requests` filters by key, model, status (exact or class) and time, newest first;
+/// `spend` sums requests and tokens per UTC day, key and model.
+async fn request_log_filters_and_spend_by_day(store: Arc<dyn Store>) {
+    const DAY: i64 = 86_400_000;
+    let day0 = 20_000 * DAY; // 2024-10-04
+    let row =
+        |id: &str, at: i64, key: i64, model: &str, status: u16, tokens: (u64, u64)| RequestLogRow {
+            key_id: Some(key),
+            key_prefix: Some(format!("fg-k{key}")),
+            model: Some(model.to_owned()),
+            status,
+            prompt_tokens: Some(tokens.0),
+            completion_tokens: Some(tokens.1),
+            ..log_row(id, at)
+        };
+    store
+        .append_request_log(&[
+            row("a1", day0 + 10, 1, "m", 200, (10, 5)),
+            row("a2", day0 + 20, 1, "m", 429, (0, 0)),
+            row("a3", day0 + DAY + 5, 1, "m", 200, (7, 3)),
+            row("a4", day0 + DAY + 6, 1, "n", 503, (4, 0)),
+            row("b1", day0 + 30, 2, "m", 200, (1, 1)),
+            // No key (a 401): never in anyone's spend.
+            log_row("anon", day0 + 40),
+        ])
+        .await
+        .unwrap();
+    let ids = |rows: Vec<RequestLogRow>| -> Vec<String> {
+        rows.into_iter().map(|r| r.request_id).collect()
+    };
+    let query = |q: RequestQuery| {
+        let store = Arc::clone(&store);
+        async move {
+            ids(store
+                .requests(&RequestQuery { limit: 100, ..q })
+                .await
+                .unwrap())
+        }
+    };
+    assert_eq!(
+        query(RequestQuery {
+            key_id: Some(1),
+            ..RequestQuery::default()
+        })
+        .await,
+        ["a4", "a3", "a2", "a1"]
+    );
+    assert_eq!(
+        query(RequestQuery {
+            model: Some("n".into()),
+            ..RequestQuery::default()
+        })
+        .await,
+        ["a4"]
+    );
+    assert_eq!(
+        query(RequestQuery {
+            status: Some(StatusMatch::Class(4)),
+            ..RequestQuery::default()
+        })
+        .await,
+        ["anon", "a2"]
+    );
+    assert_eq!(
+        query(RequestQuery {
+            status: Some(StatusMatch::Exact(200)),
+            key_id: Some(1),
+            ..RequestQuery::default()
+        })
+        .await,
+        ["a3", "a1"]
+    );
+    assert_eq!(
+        query(RequestQuery {
+            since_ms: Some(day0 + 20),
+            until_ms: Some(day0 + 40),
+            ..RequestQuery::default()
+        })
+        .await,
+        ["b1", "a2"]
+    );
+    assert_eq!(
+        ids(store
+            .requests(&RequestQuery {
+                limit: 2,
+                ..RequestQuery::default()
+            })
+            .await
+            .unwrap()),
+        ["a4", "a3"]
+    );
+
+    let spend = store.spend(&SpendQuery::default()).await.unwrap();
+    let day =
+        |d: i64, key: i64, model: &str, requests: u64, prompt: u64, completion: u64| SpendRow {
+            day: day0 / DAY + d,
+            key_id: key,
+            key_prefix: Some(format!("fg-k{key}")),
+            model: Some(model.to_owned()),
+            requests,
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+        };
+    assert_eq!(
+        spend,
+        [
+            day(0, 1, "m", 2, 10, 5),
+            day(0, 2, "m", 1, 1, 1),
+            day(1, 1, "m", 1, 7, 3),
+            day(1, 1, "n", 1, 4, 0),
+        ]
+    );
+    let second_day = store
+        .spend(&SpendQuery {
+            key_id: Some(1),
+            since_ms: Some(day0 + DAY),
+            until_ms: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        second_day,
+        [day(1, 1, "m", 1, 7, 3), day(1, 1, "n", 1, 4, 0)]
+    );
+}
+
 async fn request_log_round_trip(store: Arc<dyn Store>) {
     assert!(store.recent_requests(10).await.unwrap().is_empty());
     store.append_request_log(&[]).await.unwrap();
@@ -1390,8 +1517,11 @@ impl Store for WatchedStore {
         let _ = self.appends.send((rows.len(), fail));
         result
     }
-    async fn recent_requests(&self, limit: u32) -> Result<Vec<RequestLogRow>, StoreError> {
-        self.inner.recent_requests(limit).await
+    async fn requests(&self, query: &RequestQuery) -> Result<Vec<RequestLogRow>, StoreError> {
+        self.inner.requests(query).await
+    }
+    async fn spend(&self, query: &SpendQuery) -> Result<Vec<SpendRow>, StoreError> {
+        self.inner.spend(query).await
     }
     async fn ping(&self) -> Result<(), StoreError> {
         self.inner.ping().await

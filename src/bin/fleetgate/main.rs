@@ -12,6 +12,7 @@ use fleetgate::server;
 
 mod cli;
 mod demo;
+mod log;
 
 /// mimalloc rather than glibc's malloc: a request makes many small allocations that
 /// other threads free, and under load glibc's arenas spent about a tenth of the
@@ -54,8 +55,77 @@ enum Command {
         #[command(subcommand)]
         command: KeysCommand,
     },
+    /// Recent requests from the request metadata log, newest first (never prompt or
+    /// completion text: the log holds none).
+    Log {
+        #[command(flatten)]
+        config: ConfigArg,
+        #[command(flatten)]
+        selection: SelectionArgs,
+        /// Only requests for this model (its `id` in the config).
+        #[arg(long)]
+        model: Option<String>,
+        /// Only this status (`429`) or class of statuses (`4xx`, `5xx`).
+        #[arg(long, value_parser = log::status_arg)]
+        status: Option<fleetgate::store::StatusMatch>,
+        /// How many requests to show at most.
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=i64::from(log::MAX_LOG_ROWS)))]
+        limit: u32,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Requests and tokens per UTC day, key and model, from the request log (the last
+    /// 30 days unless --since says otherwise).
+    Spend {
+        #[command(flatten)]
+        config: ConfigArg,
+        #[command(flatten)]
+        selection: SelectionArgs,
+        /// Print a JSON array.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the OpenAPI document.
     Openapi,
+}
+
+/// The selection flags of `log` and `spend`.
+#[derive(clap::Args)]
+struct SelectionArgs {
+    /// Only this key's requests: its id or prefix.
+    #[arg(long, value_name = "ID_OR_PREFIX")]
+    key: Option<String>,
+    /// From this time on: a time ago (`90s`, `15m`, `2h`, `7d`), a UTC day
+    /// (`2026-12-01`) or a UTC time (`2026-12-01T10:30:00Z`).
+    #[arg(long, value_name = "TIME")]
+    since: Option<String>,
+    /// Before this time (same forms as --since).
+    #[arg(long, value_name = "TIME")]
+    until: Option<String>,
+}
+
+impl SelectionArgs {
+    /// The selection, its times read against now; `default_since` when --since is not
+    /// given.
+    fn read(&self, default_since: Option<&str>) -> anyhow::Result<log::Selection<'_>> {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let time = |flag: &str, value: Option<&str>| {
+            value
+                .map(|v| log::time_arg(v, now_ms).map_err(|e| anyhow::anyhow!("{flag}: {e}")))
+                .transpose()
+        };
+        let since_ms = time("--since", self.since.as_deref().or(default_since))?;
+        let until_ms = time("--until", self.until.as_deref())?;
+        log::check_range(since_ms, until_ms)?;
+        Ok(log::Selection {
+            key: self.key.as_deref(),
+            since_ms,
+            until_ms,
+        })
+    }
 }
 
 #[derive(clap::Args)]
@@ -239,6 +309,47 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 }
             };
             println!("{out}");
+            Ok(())
+        }
+        Command::Log {
+            config,
+            selection,
+            model,
+            status,
+            limit,
+            json,
+        } => {
+            let selection = selection.read(None)?;
+            let config = config.load()?;
+            let store = fleetgate::store::connect(&config.database_url).await?;
+            let out = log::log(
+                store.as_ref(),
+                &config.limits,
+                &selection,
+                model,
+                status,
+                limit,
+                json,
+            )
+            .await?;
+            // JSON lines: no line at all when nothing matches.
+            if !out.is_empty() {
+                println!("{out}");
+            }
+            Ok(())
+        }
+        Command::Spend {
+            config,
+            selection,
+            json,
+        } => {
+            let selection = selection.read(Some("30d"))?;
+            let config = config.load()?;
+            let store = fleetgate::store::connect(&config.database_url).await?;
+            println!(
+                "{}",
+                log::spend(store.as_ref(), &config.limits, &selection, json).await?
+            );
             Ok(())
         }
         Command::Openapi => {
