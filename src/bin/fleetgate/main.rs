@@ -361,3 +361,28 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory as _;
+
+    /// Every flag and argument of every subcommand says what it is in `--help`.
+    #[test]
+    fn every_argument_has_help_text() {
+        fn check(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in command.get_arguments() {
+                let builtin = matches!(arg.get_id().as_str(), "help" | "version");
+                if !builtin && arg.get_help().is_none() {
+                    missing.push(format!("{path} {}", arg.get_id()));
+                }
+            }
+            for sub in command.get_subcommands() {
+                check(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        check(&Args::command(), "fleetgate", &mut missing);
+        assert!(missing.is_empty(), "without help text: {missing:?}");
+    }
+}
