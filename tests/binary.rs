@@ -63,6 +63,22 @@ fn fleetgate(config: &Path, args: &[&str]) -> std::process::Output {
     output
 }
 
+/// Sends `signal` (`TERM`, `HUP`…) to `process` with `kill`.
+fn signal(process: &Proc, signal: &str) {
+    let pid = process.0.id().to_string();
+    let sent = Command::new("kill")
+        .args([format!("-{signal}"), pid])
+        .status()
+        .unwrap();
+    assert!(sent.success(), "kill -{signal} failed");
+}
+
+/// SIGTERM, then waits: whether it exited with success (a clean, drained stop).
+fn terminate(mut process: Proc) -> bool {
+    signal(&process, "TERM");
+    process.0.wait().unwrap().success()
+}
+
 async fn complete(url: &str, key: &str, body: serde_json::Value) -> reqwest::Response {
     reqwest::Client::new()
         .post(format!("{url}/v1/completions"))
@@ -444,6 +460,11 @@ async fn a_full_vocab_body_streams_through_with_bounded_memory() {
     let dir = tempfile::tempdir().unwrap();
     let (_mock, upstream) = start_mock(0);
     let config = write_config(dir.path(), &upstream);
+    // The mock is busy for seconds making the 40 MB body; on a loaded machine its health
+    // probe would time out and the stream be cut as lost. Probes are not under test here.
+    let mut toml = std::fs::read_to_string(&config).unwrap();
+    toml.push_str("\n[fleet]\nprobe_timeout_ms = 60000\n");
+    std::fs::write(&config, toml).unwrap();
     let secret = create_key(&config, "mem");
     let (server, url) = serve(&config, "fleetgate");
 
@@ -765,17 +786,10 @@ async fn sigkill_loses_only_the_last_moments_of_usage_and_sigterm_none() {
     {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut server = server;
-    let pid = server.0.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    signal(&server, "TERM");
     // The clients stop once the server no longer answers.
     let answered = load.await.unwrap();
+    let mut server = server;
     assert!(server.0.wait().unwrap().success());
     let ledger = ledger_ids(&db).await;
     let missing = answered
@@ -822,16 +836,7 @@ async fn log_and_spend_show_the_requests_a_server_served() {
         response.bytes().await.unwrap();
     }
     // A clean stop writes every queued log row.
-    let mut server = server;
-    let pid = server.0.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    assert!(server.0.wait().unwrap().success());
+    assert!(terminate(server));
 
     let text = |args: &[&str]| String::from_utf8(fleetgate(&config, args).stdout).unwrap();
     let lines = |args: &[&str]| -> Vec<serde_json::Value> {
