@@ -10,10 +10,13 @@
 //! - Health: see `ejection.rs` (ejection, back-off) and `prober.rs` (active probes).
 //! - Scale to zero: `sleep.rs` (a model's state and keep-warm policy) and `wake.rs`
 //!   (the hook calls).
+//! - Live changes: `change.rs` (a reloaded config's nodes for each model, swapped in
+//!   while requests keep the node they took).
 //!
 //! What each node actually serves (checkpoint name, context length) is learned from its
 //! `/v1/models`, at start-up and by every probe.
 
+mod change;
 mod ejection;
 mod load;
 mod model;
@@ -23,6 +26,7 @@ pub mod prober;
 mod sleep;
 mod wake;
 
+pub use change::{ModelChanges, NodeChange, NodeRef, Planned};
 pub use ejection::Health;
 pub use load::Reported;
 pub use model::{Model, NoNode};
@@ -66,9 +70,26 @@ impl Fleet {
         }
     }
 
-    /// Every node of every model.
-    pub fn nodes(&self) -> impl Iterator<Item = &std::sync::Arc<Node>> {
-        self.models.iter().flat_map(|m| m.nodes().iter())
+    /// The nodes `config` asks for, for each model of this fleet that it names
+    /// (`change.rs`); nothing changes until each is committed. Models it adds or leaves
+    /// out are not touched: that takes a restart.
+    pub fn plan<'a>(&'a self, config: &'a Config) -> Vec<Planned<'a>> {
+        self.models
+            .iter()
+            .filter_map(|model| {
+                let entry = config.models.iter().find(|m| m.id == model.id)?;
+                Some(Planned::new(model, entry))
+            })
+            .collect()
+    }
+
+    /// Every node of every model, now.
+    pub fn nodes(&self) -> Vec<std::sync::Arc<Node>> {
+        let mut all = Vec::new();
+        for model in &self.models {
+            all.extend(model.nodes().iter().cloned());
+        }
+        all
     }
 }
 
