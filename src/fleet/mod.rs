@@ -203,4 +203,62 @@ mod tests {
         let load = fleet("routing = \"load\"", "");
         assert_eq!(pick(&load, &document(0)).await.1, Decision::Load);
     }
+
+    /// The config of one model on `nodes` (URL, further keys), each labelled by its URL.
+    fn reloadable(nodes: &[(&str, &str)]) -> Config {
+        let upstreams: String = nodes
+            .iter()
+            .map(|(url, keys)| {
+                let gpu = url.trim_end_matches('/');
+                format!("[[models.upstreams]]\nurl = \"{url}\"\ngpu = \"{gpu}\"\n{keys}\n")
+            })
+            .collect();
+        Config::from_toml(&format!("[[models]]\nid = \"m\"\n{upstreams}")).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_node_that_stays_is_the_same_node_and_a_removed_one_keeps_its_request() {
+        let (a, b, c) = (
+            "http://10.0.0.1:8000",
+            "http://10.0.0.2:8000",
+            "http://10.0.0.3:8000",
+        );
+        let fleet = Fleet::new(&reloadable(&[(a, ""), (b, "")]));
+        let model = &fleet.models()[0];
+        let before = model.nodes();
+        let (on_b, _) = loop {
+            let taken = model.acquire(None, Affinity::Load).await.unwrap();
+            if taken.0.upstream().url == b {
+                break taken;
+            }
+        };
+
+        let next = reloadable(&[(c, ""), (&format!("{a}/"), "weight = 4")]);
+        let changes: Vec<_> = fleet.plan(&next).into_iter().map(|p| p.commit()).collect();
+        let urls = |nodes: &[NodeRef]| nodes.iter().map(|n| n.url.clone()).collect::<Vec<_>>();
+        assert_eq!(urls(&changes[0].added), [c]);
+        assert_eq!(urls(&changes[0].removed), [b]);
+        assert_eq!(
+            (
+                changes[0].changed[0].weight_before,
+                changes[0].changed[0].weight
+            ),
+            (1, 4)
+        );
+
+        let after = model.nodes();
+        assert!(
+            std::sync::Arc::ptr_eq(&after[1], &before[0]),
+            "a stays itself"
+        );
+        assert_eq!(after[1].weight(), 4);
+        assert_eq!(after.len(), 2);
+        assert_eq!(
+            on_b.upstream().in_flight(),
+            1,
+            "b's request still counted on b"
+        );
+        drop(on_b);
+        assert_eq!(before[1].in_flight(), 0);
+    }
 }

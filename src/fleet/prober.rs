@@ -46,7 +46,8 @@ impl Prober {
     }
 
     /// Learns what every node serves, so the first requests need not wait for it. A
-    /// node that does not answer starts ejected; the probes re-admit it once it does.
+    /// node that does not answer (within `fleet.probe_timeout_ms`) starts ejected; the
+    /// probes re-admit it once it does.
     pub async fn discover(&self) {
         self.introduce(&self.fleet.nodes()).await;
     }
@@ -54,10 +55,14 @@ impl Prober {
     /// [`Self::discover`] for `nodes` only: those a reload adds.
     pub async fn introduce(&self, nodes: &[Arc<Node>]) {
         let all = nodes.iter().map(|node| async move {
-            if let Err(err) = node.discover(&self.client).await {
-                node.health.request_failed();
-                tracing::warn!(upstream = %node.url, error = %err, "upstream not ready yet");
-            }
+            let failure =
+                match tokio::time::timeout(self.timeout, node.discover(&self.client)).await {
+                    Ok(Ok(_)) => return,
+                    Ok(Err(err)) => err.to_string(),
+                    Err(_) => format!("no answer within {} ms", self.timeout.as_millis()),
+                };
+            node.health.request_failed();
+            tracing::warn!(upstream = %node.url, error = %failure, "upstream not ready yet");
         });
         join_all(all).await;
     }
