@@ -1,7 +1,8 @@
 //! The admin API under `/admin`, guarded by `admin_token` from the config (off, 404,
 //! when none is set): create, list, show and revoke keys, set their limits, read their
-//! usage. The work, and the check of the limit values, is the key service's
-//! ([`crate::keys::KeyService`]); the handlers only read the bodies and render the answers.
+//! usage; reload the config file (`POST /admin/reload`). The work, and the check of the
+//! limit values, is the key service's ([`crate::keys::KeyService`]) and the reload's
+//! ([`crate::reload`]); the handlers only read the bodies and render the answers.
 
 use axum::Json;
 use axum::extract::rejection::JsonRejection;
@@ -18,6 +19,7 @@ use utoipa_axum::routes;
 use crate::error::ApiError;
 use crate::http::auth::bearer_token;
 use crate::keys::{KeyError, KeyService, LimitInput, LimitsChange, NewLimits};
+use crate::reload::Reloaded;
 use crate::state::AppState;
 use crate::store::{KeyRecord, StoreError};
 use crate::usage::{KeyUsage, key_usage};
@@ -29,6 +31,7 @@ pub fn admin_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(revoke_key))
         .routes(routes!(set_limits))
         .routes(routes!(usage))
+        .routes(routes!(reload))
 }
 
 /// Lets a request through only with `Authorization: Bearer <admin_token>`.
@@ -336,6 +339,17 @@ pub async fn usage(
     key_usage(&state, record.id, &record.prefix, &keys.limits(&record))
         .await
         .map(Json)
+}
+
+#[utoipa::path(post, path = "/admin/reload", tag = "admin",
+    description = "Reads the config file the server was started with again (as `kill -HUP` does) and applies its nodes: per model, nodes added, removed, reweighted or given another `max_in_flight`. Requests already on a node finish there, even on one removed; nodes that stay keep their state. Other changed settings are listed in `restart_required` and not applied. A file that fails to load or validate changes nothing.",
+    responses((status = 200, body = Reloaded), (status = 401, body = crate::openapi::ErrorEnvelopeDoc), (status = 422, description = "`invalid_config`: the file does not load or validate (the message names the problem), or the server was not started from a file; nothing was changed.", body = crate::openapi::ErrorEnvelopeDoc)),
+    security(("admin" = [])))]
+pub async fn reload(State(state): State<AppState>) -> Result<Json<Reloaded>, ApiError> {
+    crate::reload::reload(&state)
+        .await
+        .map(Json)
+        .map_err(|err| ApiError::InvalidConfig(err.to_string()))
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use figment::Figment;
 use figment::providers::{Env, Format, Toml};
@@ -26,7 +26,7 @@ const MAX_PREFIX_TRACKED: usize = 16 * 1024 * 1024;
 /// The longest duration any `*_ms` setting may have: 7 days.
 const MAX_DURATION_MS: u64 = 7 * 24 * 3_600_000;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Address the gateway listens on.
@@ -74,10 +74,14 @@ pub struct Config {
     #[serde(default)]
     pub admin_token: Option<AdminToken>,
     pub models: Vec<ModelConfig>,
+    /// The file this was loaded from, which a reload reads again (`reload.rs`); `None`
+    /// for a config built from a string.
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
 }
 
 /// Limits every key gets unless it overrides them.
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitDefaults {
     /// `false` turns admission off: no budget, rate or queue is enforced (usage is
@@ -113,7 +117,7 @@ impl Default for LimitDefaults {
 }
 
 /// The admin API's bearer token; never printed.
-#[derive(Clone, Deserialize)]
+#[derive(Clone, PartialEq, Deserialize)]
 #[serde(transparent)]
 pub struct AdminToken(String);
 
@@ -139,7 +143,7 @@ pub enum LogFormat {
 
 /// What a client connection may take: a slow or silent client must not hold a socket,
 /// a task and memory for as long as it likes.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConnectionSettings {
     /// Client connections open at once; a connection beyond is closed as soon as it is
@@ -168,7 +172,7 @@ impl Default for ConnectionSettings {
 }
 
 /// How fleetgate talks to the vLLM servers.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamSettings {
     /// Time allowed to open a TCP connection to an upstream.
@@ -191,7 +195,7 @@ impl Default for UpstreamSettings {
 }
 
 /// How fleetgate watches its nodes and waits for them.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FleetSettings {
     /// How often every node's `/health` and `/v1/models` are probed.
@@ -275,7 +279,7 @@ impl Default for FleetSettings {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
     /// The short id clients send, e.g. `llama-8b`.
@@ -314,7 +318,7 @@ pub struct ModelConfig {
     pub upstreams: Vec<UpstreamConfig>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamConfig {
     /// Base URL of a vLLM server, e.g. `http://10.0.0.5:8000`.
@@ -507,6 +511,7 @@ impl Config {
         let dir = path.parent().unwrap_or(Path::new(""));
         let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
         config.database_url = sqlite_relative_to(&config.database_url, &dir);
+        config.source = Some(path.to_owned());
         Ok(config)
     }
 

@@ -50,6 +50,10 @@ pub enum ApiError {
     NotFound { method: String, path: String },
     #[error("No key with id or prefix '{0}'.")]
     KeyNotFound(String),
+    /// `POST /admin/reload` found the config file invalid (or none to read); nothing
+    /// was changed.
+    #[error("{0}")]
+    InvalidConfig(String),
     #[error("Method {method} is not allowed on {path}.")]
     MethodNotAllowed { method: String, path: String },
     #[error("The request body is larger than the limit of {limit} bytes.")]
@@ -188,6 +192,7 @@ impl ApiError {
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             Self::NotFound { .. } | Self::KeyNotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            Self::InvalidConfig(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::HeadTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Self::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
@@ -212,6 +217,7 @@ impl ApiError {
             Self::Unauthorized(_) => "invalid_api_key",
             Self::NotFound { .. } => "not_found",
             Self::KeyNotFound(_) => "key_not_found",
+            Self::InvalidConfig(_) => "invalid_config",
             Self::MethodNotAllowed { .. } => "method_not_allowed",
             Self::PayloadTooLarge { .. } | Self::HeadTooLarge { .. } => "request_too_large",
             Self::RequestTimeout { .. } => "request_timeout",

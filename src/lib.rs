@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod models;
 pub mod openapi;
 pub mod ops;
+pub mod reload;
 pub mod request_log;
 pub mod router;
 pub mod server;

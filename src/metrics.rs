@@ -6,8 +6,8 @@
 //! and reason words. Never a key, a key prefix, a client-chosen string or request text.
 //!
 //! Per-upstream series are labelled `{model, gpu}` ([`UpstreamLabels`]) and created for
-//! every configured upstream at start-up, so per-node gauges (health, …) can be added
-//! alongside with the same labels.
+//! every configured upstream at start-up (and for each one a reload adds), so per-node
+//! gauges (health, …) can be added alongside with the same labels.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -348,14 +348,7 @@ impl Metrics {
             });
         }
 
-        for model in fleet.models() {
-            for upstream in model.nodes() {
-                let labels = UpstreamLabels::new(&model.id, &upstream.gpu);
-                let _ = in_flight.get_or_create(&labels);
-                let _ = upstream_ejections.get_or_create(&labels);
-            }
-        }
-        Self(Arc::new(Inner {
+        let metrics = Self(Arc::new(Inner {
             registry,
             requests,
             request_duration,
@@ -377,7 +370,31 @@ impl Metrics {
             connection_refusals,
             ledger_pending,
             ledger_lost,
-        }))
+        }));
+        for model in fleet.models() {
+            for upstream in model.nodes().iter() {
+                metrics.node_added(&model.id, &upstream.gpu);
+            }
+        }
+        metrics
+    }
+
+    /// Starts the series of a node of `model` at zero (at start-up, or when a reload
+    /// adds it).
+    pub fn node_added(&self, model: &str, gpu: &str) {
+        let labels = UpstreamLabels::new(model, gpu);
+        let _ = self.0.in_flight.get_or_create(&labels);
+        let _ = self.0.upstream_ejections.get_or_create(&labels);
+    }
+
+    /// Drops the gauges of a node a reload removed (its counters and histograms stay:
+    /// what it did is still true). A request still on it counts on a gauge no longer
+    /// exported.
+    pub fn node_removed(&self, model: &str, gpu: &str) {
+        let labels = UpstreamLabels::new(model, gpu);
+        self.0.in_flight.remove(&labels);
+        self.0.upstream_up.remove(&labels);
+        self.0.prefix_cache_hit_rate.remove(&labels);
     }
 
     /// Reads the fleet's state into its gauges (node health, prefix-cache hit rates,
@@ -391,7 +408,7 @@ impl Metrics {
                     model: model.id.clone(),
                 })
                 .set(i64::from(model.queued()));
-            for upstream in model.nodes() {
+            for upstream in model.nodes().iter() {
                 let up = model.takes_requests(upstream);
                 let labels = UpstreamLabels::new(&model.id, &upstream.gpu);
                 self.0.upstream_up.get_or_create(&labels).set(i64::from(up));

@@ -24,7 +24,7 @@ use utoipa::{Modify, OpenApi, ToSchema};
         (name = "models", description = "The models this deployment serves."),
         (name = "usage", description = "The calling key's budget and limits."),
         (name = "ops", description = "Health."),
-        (name = "admin", description = "Key management, with the admin token (`admin_token` in the config). Not part of the client API."),
+        (name = "admin", description = "Key management and live fleet changes (`POST /admin/reload`), with the admin token (`admin_token` in the config). Not part of the client API."),
     )
 )]
 pub struct ApiDoc;
@@ -178,7 +178,7 @@ pub struct ErrorEnvelopeDoc {
 #[derive(ToSchema)]
 #[schema(as = Error)]
 pub struct ErrorDoc {
-    /// Machine-readable code: `invalid_request`, `model_not_found`, `chat_completions_unsupported`, `full_vocab_prompt_too_long`, `invalid_api_key`, `not_found`, `method_not_allowed`, `request_timeout`, `request_too_large`, `rate_limited`, `queue_full`, `budget_exceeded`, `admission_unavailable`, `store_unavailable`, `key_not_found` (admin), `upstream_bad_request`, `upstream_error`, `upstream_unavailable`, `internal_error`.
+    /// Machine-readable code: `invalid_request`, `model_not_found`, `chat_completions_unsupported`, `full_vocab_prompt_too_long`, `invalid_api_key`, `not_found`, `method_not_allowed`, `request_timeout`, `request_too_large`, `rate_limited`, `queue_full`, `budget_exceeded`, `admission_unavailable`, `store_unavailable`, `key_not_found` and `invalid_config` (admin), `upstream_bad_request`, `upstream_error`, `upstream_unavailable`, `internal_error`.
     code: String,
     message: String,
     /// `invalid_request_error`, `authentication_error`, `rate_limit_error` or `server_error`.

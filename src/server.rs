@@ -1,4 +1,5 @@
-//! Running the gateway: logging, store, state, listener, graceful shutdown.
+//! Running the gateway: logging, store, state, listener, reloads on SIGHUP, graceful
+//! shutdown.
 
 use std::future::Future;
 
@@ -97,6 +98,8 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    // Before anything slow: from here on, SIGHUP reloads instead of ending the process.
+    let reloads = crate::reload::on_hangup(state.clone()).map(tokio::spawn);
     let probes = state.prober();
     probes.discover().await;
     let prober = tokio::spawn(probes.clone().run());
@@ -143,6 +146,9 @@ pub async fn serve(
     }
     prober.abort();
     keep_warm.abort();
+    if let Some(reloads) = reloads {
+        reloads.abort();
+    }
     stop_following.cancel();
     let _ = keys.await;
     if let Some(ops) = ops {

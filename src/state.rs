@@ -47,6 +47,8 @@ struct Inner {
     upstream: UpstreamClient,
     /// The Prometheus registry and its handles (`GET /metrics`).
     metrics: Metrics,
+    /// Held by a reload of the config file (`reload.rs`): one at a time.
+    reloading: tokio::sync::Mutex<()>,
 }
 
 impl AppState {
@@ -73,6 +75,7 @@ impl AppState {
             fleet,
             upstream,
             metrics,
+            reloading: tokio::sync::Mutex::new(()),
         })))
     }
 
@@ -117,6 +120,9 @@ impl AppState {
     }
     pub fn metrics(&self) -> &Metrics {
         &self.0.metrics
+    }
+    pub fn reloading(&self) -> &tokio::sync::Mutex<()> {
+        &self.0.reloading
     }
     /// The health probes and the keep-warm loop over this state's fleet.
     pub fn prober(&self) -> Prober {

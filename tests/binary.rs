@@ -917,3 +917,89 @@ async fn log_and_spend_show_the_requests_a_server_served() {
     assert_eq!(refused.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&refused.stderr).contains("1xx to 5xx"));
 }
+
+/// SIGHUP re-reads the config file: a refused edit is logged at error level and changes
+/// nothing; a node added to the file then takes traffic, without a restart.
+#[tokio::test]
+async fn sighup_reloads_the_config_file_and_a_new_node_takes_traffic() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_a, url_a) = start_mock(0);
+    let (_b, url_b) = start_mock(0);
+    let config = write_config(dir.path(), &url_a);
+    let secret = create_key(&config, "hup");
+    let mut child = Command::new(FLEETGATE)
+        .args(["serve", "--config"])
+        .arg(&config)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Every line of the log, for the test to wait on.
+    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+    let stderr = child.stderr.take().unwrap();
+    let server = Proc(child);
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            eprintln!("[fleetgate] {line}");
+            let _ = lines_tx.send(line);
+        }
+    });
+    let next_line = |pred: &dyn Fn(&str) -> bool| loop {
+        let line = lines
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the expected log line");
+        if pred(&line) {
+            return line;
+        }
+    };
+    let listening = next_line(&|l| listening_address(l).is_some());
+    let url = format!("http://{}", listening_address(&listening).unwrap());
+    let body = serde_json::json!({"model": "llama-8b", "prompt": [1, 2, 3], "max_tokens": 2});
+    let served_by = |response: &reqwest::Response| {
+        assert_eq!(response.status(), 200);
+        response.headers()["x-acs-upstream-gpu"]
+            .to_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(
+        served_by(&complete(&url, &secret, body.clone()).await),
+        "gpu-a"
+    );
+    let hang_up = || signal(&server, "HUP");
+    let node_b = format!("\n[[models.upstreams]]\nurl = \"{url_b}\"\ngpu = \"gpu-b\"\n");
+    let original = std::fs::read_to_string(&config).unwrap();
+
+    std::fs::write(&config, format!("{original}{node_b}weight = 0\n")).unwrap();
+    hang_up();
+    let refused = next_line(&|l| l.contains("reload refused"));
+    assert!(
+        refused.contains("ERROR") && refused.contains("models.upstreams.weight"),
+        "{refused}"
+    );
+    for _ in 0..4 {
+        assert_eq!(
+            served_by(&complete(&url, &secret, body.clone()).await),
+            "gpu-a"
+        );
+    }
+
+    std::fs::write(&config, format!("{original}{node_b}")).unwrap();
+    hang_up();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if served_by(&complete(&url, &secret, body.clone()).await) == "gpu-b" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no request reached the added node within 20 s of SIGHUP"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let reloaded = next_line(&|l| l.contains("configuration reloaded"));
+    assert!(reloaded.contains("added gpu-b"), "{reloaded}");
+}

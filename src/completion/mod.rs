@@ -194,7 +194,7 @@ impl Facts {
     /// next one asked.
     async fn ask_nodes(state: &AppState, model: &Model) -> Result<Option<Self>, ApiError> {
         let mut last_error = None;
-        for _ in 0..model.nodes().len() {
+        for _ in 0..model.node_count() {
             let Some(node) = model.any_up() else { break };
             match node.discover(state.upstream()).await {
                 Ok(served) => {
@@ -229,7 +229,7 @@ async fn forward(
     let window =
         (!request.stream()).then(|| Duration::from_millis(state.config().fleet.request_window_ms));
     // Each node found dead while counting tokens is replaced once by another.
-    let mut attempts = model.nodes().len() + 1;
+    let mut attempts = model.node_count() + 1;
     let plan = loop {
         let planner = Planner {
             client: state.upstream(),

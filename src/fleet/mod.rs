@@ -10,10 +10,13 @@
 //! - Health: see `ejection.rs` (ejection, back-off) and `prober.rs` (active probes).
 //! - Scale to zero: `sleep.rs` (a model's state and keep-warm policy) and `wake.rs`
 //!   (the hook calls).
+//! - Live changes: `change.rs` (a reloaded config's nodes for each model, swapped in
+//!   while requests keep the node they took).
 //!
 //! What each node actually serves (checkpoint name, context length) is learned from its
 //! `/v1/models`, at start-up and by every probe.
 
+mod change;
 mod ejection;
 mod load;
 mod model;
@@ -23,6 +26,7 @@ pub mod prober;
 mod sleep;
 mod wake;
 
+pub use change::{ModelChanges, NodeChange, NodeRef, Planned};
 pub use ejection::{DownReason, Health};
 pub use load::Reported;
 pub use model::{Model, NoNode};
@@ -66,9 +70,26 @@ impl Fleet {
         }
     }
 
-    /// Every node of every model.
-    pub fn nodes(&self) -> impl Iterator<Item = &std::sync::Arc<Node>> {
-        self.models.iter().flat_map(|m| m.nodes().iter())
+    /// The nodes `config` asks for, for each model of this fleet that it names
+    /// (`change.rs`); nothing changes until each is committed. Models it adds or leaves
+    /// out are not touched: that takes a restart.
+    pub fn plan<'a>(&'a self, config: &'a Config) -> Vec<Planned<'a>> {
+        self.models
+            .iter()
+            .filter_map(|model| {
+                let entry = config.models.iter().find(|m| m.id == model.id)?;
+                Some(Planned::new(model, entry))
+            })
+            .collect()
+    }
+
+    /// Every node of every model, now.
+    pub fn nodes(&self) -> Vec<std::sync::Arc<Node>> {
+        let mut all = Vec::new();
+        for model in &self.models {
+            all.extend(model.nodes().iter().cloned());
+        }
+        all
     }
 }
 
@@ -181,5 +202,63 @@ mod tests {
         assert_eq!(pick(&forgetful, &document(0)).await.1, Decision::Owner);
         let load = fleet("routing = \"load\"", "");
         assert_eq!(pick(&load, &document(0)).await.1, Decision::Load);
+    }
+
+    /// The config of one model on `nodes` (URL, further keys), each labelled by its URL.
+    fn reloadable(nodes: &[(&str, &str)]) -> Config {
+        let upstreams: String = nodes
+            .iter()
+            .map(|(url, keys)| {
+                let gpu = url.trim_end_matches('/');
+                format!("[[models.upstreams]]\nurl = \"{url}\"\ngpu = \"{gpu}\"\n{keys}\n")
+            })
+            .collect();
+        Config::from_toml(&format!("[[models]]\nid = \"m\"\n{upstreams}")).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_node_that_stays_is_the_same_node_and_a_removed_one_keeps_its_request() {
+        let (a, b, c) = (
+            "http://10.0.0.1:8000",
+            "http://10.0.0.2:8000",
+            "http://10.0.0.3:8000",
+        );
+        let fleet = Fleet::new(&reloadable(&[(a, ""), (b, "")]));
+        let model = &fleet.models()[0];
+        let before = model.nodes();
+        let (on_b, _) = loop {
+            let taken = model.acquire(None, Affinity::Load).await.unwrap();
+            if taken.0.upstream().url == b {
+                break taken;
+            }
+        };
+
+        let next = reloadable(&[(c, ""), (&format!("{a}/"), "weight = 4")]);
+        let changes: Vec<_> = fleet.plan(&next).into_iter().map(|p| p.commit()).collect();
+        let urls = |nodes: &[NodeRef]| nodes.iter().map(|n| n.url.clone()).collect::<Vec<_>>();
+        assert_eq!(urls(&changes[0].added), [c]);
+        assert_eq!(urls(&changes[0].removed), [b]);
+        assert_eq!(
+            (
+                changes[0].changed[0].weight_before,
+                changes[0].changed[0].weight
+            ),
+            (1, 4)
+        );
+
+        let after = model.nodes();
+        assert!(
+            std::sync::Arc::ptr_eq(&after[1], &before[0]),
+            "a stays itself"
+        );
+        assert_eq!(after[1].weight(), 4);
+        assert_eq!(after.len(), 2);
+        assert_eq!(
+            on_b.upstream().in_flight(),
+            1,
+            "b's request still counted on b"
+        );
+        drop(on_b);
+        assert_eq!(before[1].in_flight(), 0);
     }
 }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use rand::Rng;
 use tokio::sync::Notify;
 
@@ -25,8 +26,12 @@ pub struct Model {
     pub max_logprobs: u32,
     /// Worst-case decode speed of one sequence, for the non-streaming window.
     pub decode_tokens_per_second: f64,
-    nodes: Vec<Arc<Node>>,
-    /// Signalled when a request leaves a node or a node comes up.
+    /// Replaced whole by a reload (`change.rs`); a request keeps the node it took, and
+    /// each pick loads the set once.
+    nodes: ArcSwap<Vec<Arc<Node>>>,
+    /// How long a failed node of the model stays ejected, also for one a reload adds.
+    backoff: Backoff,
+    /// Signalled when a request leaves a node, a node comes up or the nodes change.
     freed: Arc<Notify>,
     /// Requests waiting in this model's fleet queue.
     queued: AtomicU32,
@@ -78,11 +83,14 @@ impl Model {
             is_default: config.default,
             max_logprobs: config.max_logprobs,
             decode_tokens_per_second: config.decode_tokens_per_second,
-            nodes: config
-                .upstreams
-                .iter()
-                .map(|u| Node::new(u, backoff, Arc::clone(&freed)))
-                .collect(),
+            nodes: ArcSwap::from_pointee(
+                config
+                    .upstreams
+                    .iter()
+                    .map(|u| Node::new(u, backoff, Arc::clone(&freed)))
+                    .collect(),
+            ),
+            backoff,
             freed,
             queued: AtomicU32::new(0),
             queue_size: fleet.queue_size,
@@ -101,8 +109,25 @@ impl Model {
         }
     }
 
-    pub fn nodes(&self) -> &[Arc<Node>] {
-        &self.nodes
+    /// The nodes now; a reload may replace them meanwhile.
+    pub fn nodes(&self) -> Arc<Vec<Arc<Node>>> {
+        self.nodes.load_full()
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.nodes.load().len()
+    }
+
+    /// Builds a node for an entry a reload adds (`change.rs`).
+    pub(super) fn new_node(&self, config: &crate::config::UpstreamConfig) -> Arc<Node> {
+        Node::new(config, self.backoff, Arc::clone(&self.freed))
+    }
+
+    /// Puts `nodes` in the place of the model's nodes, and has the requests waiting in
+    /// its queue look again (a new node may have room).
+    pub(super) fn replace_nodes(&self, nodes: Vec<Arc<Node>>) {
+        self.nodes.store(Arc::new(nodes));
+        self.freed.notify_waiters();
     }
 
     /// Whether `node` takes requests: it is up and its model is not asleep.
@@ -110,14 +135,22 @@ impl Model {
         !self.sleep.is_asleep() && node.health.is_up()
     }
 
-    /// The nodes that take requests.
-    pub fn in_rotation(&self) -> impl Iterator<Item = &Arc<Node>> {
-        self.nodes.iter().filter(|u| self.takes_requests(u))
+    /// The nodes that take requests now.
+    pub fn in_rotation(&self) -> impl Iterator<Item = Arc<Node>> + '_ {
+        let nodes = self.nodes();
+        (0..nodes.len())
+            .map(move |i| Arc::clone(&nodes[i]))
+            .filter(|u| self.takes_requests(u))
+    }
+
+    /// Of `nodes`, those that take requests.
+    fn up<'a>(&'a self, nodes: &'a [Arc<Node>]) -> impl Iterator<Item = &'a Arc<Node>> {
+        nodes.iter().filter(|u| self.takes_requests(u))
     }
 
     /// Whether any node takes requests.
     pub fn is_up(&self) -> bool {
-        self.in_rotation().next().is_some()
+        self.up(&self.nodes.load()).next().is_some()
     }
 
     /// Requests waiting in the fleet queue now.
@@ -127,16 +160,17 @@ impl Model {
 
     /// Requests in flight on all nodes.
     pub fn in_flight(&self) -> usize {
-        self.nodes.iter().map(|u| u.in_flight()).sum()
+        self.nodes.load().iter().map(|u| u.in_flight()).sum()
     }
 
     /// A node that is up, for questions about the model (`/v1/models`, `/tokenize`);
     /// not counted in flight.
     pub fn any_up(&self) -> Option<Arc<Node>> {
-        match self.in_rotation().count() {
+        let nodes = self.nodes.load();
+        match self.up(&nodes).count() {
             0 => None,
             n => self
-                .in_rotation()
+                .up(&nodes)
                 .nth(rand::rng().random_range(0..n))
                 .map(Arc::clone),
         }
@@ -186,9 +220,13 @@ impl Model {
         }
     }
 
-    /// The nodes a request may go to: up, and not the one that just failed it.
-    fn candidates<'a>(&'a self, exclude: Option<&'a Node>) -> impl Iterator<Item = &'a Arc<Node>> {
-        self.in_rotation()
+    /// Of `nodes`, those a request may go to: up, and not the one that just failed it.
+    fn candidates<'a>(
+        &'a self,
+        nodes: &'a [Arc<Node>],
+        exclude: Option<&'a Node>,
+    ) -> impl Iterator<Item = &'a Arc<Node>> {
+        self.up(nodes)
             .filter(move |u| !exclude.is_some_and(|e| std::ptr::eq(e, &***u)))
     }
 
@@ -200,6 +238,7 @@ impl Model {
         exclude: Option<&Node>,
         affinity: Affinity,
     ) -> Result<(InFlight, Decision), NoNode> {
+        let nodes = self.nodes.load();
         let decision = match (affinity, &self.prefix) {
             (Affinity::Key { key, seen }, Some(routing)) => {
                 let balance = if seen {
@@ -207,7 +246,7 @@ impl Model {
                 } else {
                     Balance::STRICT
                 };
-                match self.try_ranked(key, balance, exclude)? {
+                match self.try_ranked(&nodes, key, balance, exclude)? {
                     Some(taken) => return Ok(taken),
                     None if seen => Decision::FallbackLoad,
                     None => Decision::NoOwner,
@@ -216,7 +255,7 @@ impl Model {
             (Affinity::NoKey, _) => Decision::NoOwner,
             _ => Decision::Load,
         };
-        self.try_least_loaded(exclude)
+        self.try_least_loaded(&nodes, exclude)
             .map(|taken| (taken, decision))
     }
 
@@ -226,14 +265,15 @@ impl Model {
     /// node is cached on two (the same two on every replica), not on all of them.
     fn try_ranked(
         &self,
+        nodes: &[Arc<Node>],
         key: u64,
         balance: Balance,
         exclude: Option<&Node>,
     ) -> Result<Option<(InFlight, Decision)>, NoNode> {
         let mut ranked: [Option<(f64, &Arc<Node>)>; 2] = [None, None];
         let mut lightest = f64::INFINITY;
-        for node in self.candidates(exclude) {
-            let score = prefix::score(key, node.seed, node.weight);
+        for node in self.candidates(nodes, exclude) {
+            let score = prefix::score(key, node.seed, node.weight());
             if ranked[0].is_none_or(|(best, _)| score > best) {
                 ranked = [Some((score, node)), ranked[0]];
             } else if ranked[1].is_none_or(|(second, _)| score > second) {
@@ -259,10 +299,14 @@ impl Model {
     }
 
     /// Power of two choices among the nodes that are up and have room.
-    fn try_least_loaded(&self, exclude: Option<&Node>) -> Result<InFlight, NoNode> {
-        let mut open: Vec<&Arc<Node>> = Vec::with_capacity(self.nodes.len());
+    fn try_least_loaded(
+        &self,
+        nodes: &[Arc<Node>],
+        exclude: Option<&Node>,
+    ) -> Result<InFlight, NoNode> {
+        let mut open: Vec<&Arc<Node>> = Vec::with_capacity(nodes.len());
         let mut any_up = false;
-        for upstream in self.candidates(exclude) {
+        for upstream in self.candidates(nodes, exclude) {
             any_up = true;
             if upstream.has_room() {
                 open.push(upstream);
@@ -311,7 +355,7 @@ impl Model {
 
     /// What the first upstream that has answered `/v1/models` serves, if any has.
     pub fn served(&self) -> Option<Arc<Served>> {
-        self.nodes.iter().find_map(|u| u.served())
+        self.nodes.load().iter().find_map(|u| u.served())
     }
 }
 

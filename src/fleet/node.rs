@@ -1,7 +1,7 @@
 //! One vLLM node of a model: its address, weight and capacity, the requests in flight
 //! on it, its health (`ejection.rs`), the load it reports (`load.rs`) and what it serves.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use tokio::sync::Notify;
@@ -21,10 +21,12 @@ pub struct Node {
     /// Label returned in `X-Acs-Upstream-Gpu`.
     pub gpu: String,
     /// Relative capacity: the upstream's load is its in-flight count over its weight.
-    pub weight: u32,
+    /// Atomic (like `max_in_flight`) so that a reload changes it in place (`reload.rs`).
+    weight: AtomicU32,
     /// Its identity in prefix routing's rendezvous ranking (`prefix.rs`).
     pub(super) seed: u64,
-    max_in_flight: Option<usize>,
+    /// [`UNLIMITED`] when none is configured.
+    max_in_flight: AtomicUsize,
     /// Requests sent to this upstream and not yet settled.
     in_flight: AtomicUsize,
     pub health: Health,
@@ -33,6 +35,13 @@ pub struct Node {
     /// The model's `freed`.
     freed: Arc<Notify>,
     served: RwLock<Option<Arc<Served>>>,
+}
+
+/// The `max_in_flight` of a node that has none.
+const UNLIMITED: usize = usize::MAX;
+
+fn limit(config: &UpstreamConfig) -> usize {
+    config.max_in_flight.map_or(UNLIMITED, |m| m as usize)
 }
 
 /// Counts a request as in flight on its upstream while it lives.
@@ -58,9 +67,9 @@ impl Node {
         Arc::new(Self {
             url: config.url.trim_end_matches('/').to_owned(),
             gpu: config.gpu.clone(),
-            weight: config.weight,
+            weight: AtomicU32::new(config.weight),
             seed: prefix::seed(config.url.trim_end_matches('/')),
-            max_in_flight: config.max_in_flight.map(|m| m as usize),
+            max_in_flight: AtomicUsize::new(limit(config)),
             in_flight: AtomicUsize::new(0),
             health: Health::new(backoff),
             reported: Reported::default(),
@@ -69,9 +78,27 @@ impl Node {
         })
     }
 
+    /// Takes the weight and `max_in_flight` of a reloaded entry for this node; what is
+    /// in flight stays counted.
+    pub(super) fn reconfigure(&self, config: &UpstreamConfig) {
+        self.weight.store(config.weight, Ordering::Relaxed);
+        self.max_in_flight.store(limit(config), Ordering::Relaxed);
+    }
+
+    pub fn weight(&self) -> u32 {
+        self.weight.load(Ordering::Relaxed)
+    }
+
+    pub fn max_in_flight(&self) -> Option<u32> {
+        match self.max_in_flight.load(Ordering::Relaxed) {
+            UNLIMITED => None,
+            limit => u32::try_from(limit).ok(),
+        }
+    }
+
     /// Counts one more request in flight here, unless the node is at `max_in_flight`.
     pub(super) fn try_start(self: &Arc<Self>) -> Option<InFlight> {
-        let limit = self.max_in_flight.unwrap_or(usize::MAX);
+        let limit = self.max_in_flight.load(Ordering::Relaxed);
         self.in_flight
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < limit).then_some(n + 1)
@@ -81,7 +108,7 @@ impl Node {
     }
 
     pub(super) fn has_room(&self) -> bool {
-        self.max_in_flight.is_none_or(|m| self.in_flight() < m)
+        self.in_flight() < self.max_in_flight.load(Ordering::Relaxed)
     }
 
     pub fn in_flight(&self) -> usize {
@@ -101,7 +128,7 @@ impl Node {
     /// Requests in flight from here plus those waiting in the node's own queue, over
     /// the weight: what prefix routing's balance compares.
     pub(super) fn load(&self) -> f64 {
-        (self.in_flight() as f64 + self.reported.waiting() as f64) / f64::from(self.weight)
+        (self.in_flight() as f64 + self.reported.waiting() as f64) / f64::from(self.weight())
     }
 
     /// Whether this upstream is less loaded than `other`: requests in flight from here
@@ -111,7 +138,7 @@ impl Node {
         let load = |u: &Node, w: u32| {
             (u.in_flight() as u128 + u128::from(u.reported.waiting())) * u128::from(w)
         };
-        let (mine, theirs) = (load(self, other.weight), load(other, self.weight));
+        let (mine, theirs) = (load(self, other.weight()), load(other, self.weight()));
         mine < theirs
             || (mine == theirs && self.reported.kv_permille() < other.reported.kv_permille())
     }

@@ -46,13 +46,23 @@ impl Prober {
     }
 
     /// Learns what every node serves, so the first requests need not wait for it. A
-    /// node that does not answer starts ejected; the probes re-admit it once it does.
+    /// node that does not answer (within `fleet.probe_timeout_ms`) starts ejected; the
+    /// probes re-admit it once it does.
     pub async fn discover(&self) {
-        let all = self.fleet.nodes().map(|node| async move {
-            if let Err(err) = node.discover(&self.client).await {
-                node.health.probe_failed();
-                tracing::warn!(upstream = %node.url, error = %err, "upstream not ready yet");
-            }
+        self.introduce(&self.fleet.nodes()).await;
+    }
+
+    /// [`Self::discover`] for `nodes` only: those a reload adds.
+    pub async fn introduce(&self, nodes: &[Arc<Node>]) {
+        let all = nodes.iter().map(|node| async move {
+            let failure =
+                match tokio::time::timeout(self.timeout, node.discover(&self.client)).await {
+                    Ok(Ok(_)) => return,
+                    Ok(Err(err)) => err.to_string(),
+                    Err(_) => format!("no answer within {} ms", self.timeout.as_millis()),
+                };
+            node.health.probe_failed();
+            tracing::warn!(upstream = %node.url, error = %failure, "upstream not ready yet");
         });
         join_all(all).await;
     }
@@ -72,16 +82,22 @@ impl Prober {
         loop {
             ticks.tick().await;
             let now = Instant::now();
-            let this = &self;
-            let probes = self.fleet.models().iter().flat_map(|model| {
-                model
-                    .nodes()
-                    .iter()
-                    // While a boot is under way, every beat: a node coming up is seen at once.
-                    .filter(move |n| model.sleep.is_booting() || n.health.probe_due(now))
-                    .map(move |node| this.probe(model, node))
-            });
-            join_all(probes).await;
+            // The nodes of this beat: a reload's changes are probed from the next one.
+            let due: Vec<(&Model, Arc<Node>)> = self
+                .fleet
+                .models()
+                .iter()
+                .flat_map(|model| {
+                    model
+                        .nodes()
+                        .iter()
+                        // While a boot is under way, every beat: a node coming up is seen at once.
+                        .filter(|n| model.sleep.is_booting() || n.health.probe_due(now))
+                        .map(|node| (model, Arc::clone(node)))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            join_all(due.iter().map(|(model, node)| self.probe(model, node))).await;
         }
     }
 

@@ -58,7 +58,7 @@ impl Model {
         if !self.is_up() {
             *self.sleep.booting() = Some(Instant::now());
         }
-        for node in self.nodes() {
+        for node in self.nodes().iter() {
             node.health.probe_soon();
         }
         Ok(())
@@ -102,7 +102,7 @@ impl Model {
             Ok(()) => {
                 tracing::info!(model = %self.id, "idle model put to sleep");
                 *self.sleep.booting() = None;
-                for node in self.nodes() {
+                for node in self.nodes().iter() {
                     node.health.set_down();
                 }
             }

@@ -24,6 +24,8 @@ use tokio::sync::oneshot;
 
 pub const MODEL: &str = "llama-8b";
 pub const CHECKPOINT: &str = "meta-llama/Llama-3.1-8B";
+/// The name of a gateway's config file in its directory.
+const CONFIG_FILE: &str = "fleetgate.toml";
 
 pub struct Gateway {
     pub url: String,
@@ -73,7 +75,25 @@ impl Gateway {
     }
 
     pub async fn start_config(mock: MockVllm, toml: &str, dir: tempfile::TempDir) -> Self {
-        let (state, limiter, key) = state(toml).await;
+        Self::start_loaded(mock, Config::from_toml(toml).unwrap(), dir).await
+    }
+
+    /// [`Self::start_fleet`] with the config in a file ([`Self::config_file`]), as
+    /// `fleetgate serve` has it: a reload reads that file again.
+    pub async fn start_fleet_from_file(
+        top_level: &str,
+        model_keys: &str,
+        nodes: &[(&MockVllm, &str, &str)],
+    ) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(CONFIG_FILE);
+        std::fs::write(&path, fleet_toml(dir.path(), top_level, model_keys, nodes)).unwrap();
+        let config = Config::load(&path).unwrap();
+        Self::start_loaded(nodes[0].0.clone(), config, dir).await
+    }
+
+    async fn start_loaded(mock: MockVllm, config: Config, dir: tempfile::TempDir) -> Self {
+        let (state, limiter, key) = state(config).await;
         // Start-up asks every node what it serves (and ejects the silent ones); done
         // here so that a test's fault injection comes after it.
         state.prober().discover().await;
@@ -179,6 +199,23 @@ impl Gateway {
         self.dir.path().join("fleetgate.db")
     }
 
+    /// The config file of a gateway started by [`Self::start_fleet_from_file`].
+    pub fn config_file(&self) -> std::path::PathBuf {
+        self.dir.path().join(CONFIG_FILE)
+    }
+
+    /// Writes [`fleet_toml`] over this gateway's config file (same store); the running
+    /// gateway reads it on its next reload.
+    pub fn rewrite_config(
+        &self,
+        top_level: &str,
+        model_keys: &str,
+        nodes: &[(&MockVllm, &str, &str)],
+    ) {
+        let toml = fleet_toml(self.dir.path(), top_level, model_keys, nodes);
+        std::fs::write(self.config_file(), toml).unwrap();
+    }
+
     /// The bodies of the completion requests the upstream received, as JSON.
     pub fn upstream_completions(&self) -> Vec<serde_json::Value> {
         self.mock
@@ -198,10 +235,9 @@ impl Drop for Gateway {
     }
 }
 
-/// The state of a gateway configured by `toml`, over the store it names and an
+/// The state of a gateway configured by `config`, over the store it names and an
 /// in-process limiter, with one key named `test`: (state, limiter, the key's secret).
-async fn state(toml: &str) -> (AppState, Arc<LocalLimiter>, String) {
-    let config = Config::from_toml(toml).unwrap();
+async fn state(config: Config) -> (AppState, Arc<LocalLimiter>, String) {
     let store = fleetgate::store::connect(&config.database_url)
         .await
         .unwrap();
@@ -252,7 +288,7 @@ gpu = "gpu-a"
 "#,
             db = dir.path().join("fleetgate.db").display(),
         );
-        let (state, _, key) = state(&toml).await;
+        let (state, _, key) = state(Config::from_toml(&toml).unwrap()).await;
         Self {
             router: build_router(state),
             key,

@@ -34,5 +34,6 @@ mod metadata_log;
 mod metrics;
 mod openapi;
 mod prefix;
+mod reload;
 mod router;
 mod store;
