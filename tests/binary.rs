@@ -10,6 +10,7 @@
 
 /// The parts of the shared harness (`tests/common`) these tests use.
 mod common {
+    pub mod cli;
     pub mod processes;
 }
 
@@ -17,6 +18,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::cli::{create_key, create_key_with, fleetgate};
 use common::processes::{
     FLEETGATE, Proc, listening_address, logged_address, serve, start_mock, wait_for_line,
 };
@@ -32,35 +34,6 @@ fn write_config(dir: &Path, upstream: &str) -> std::path::PathBuf {
     )
     .unwrap();
     path
-}
-
-/// `fleetgate keys create --name NAME`: the secret, alone on the last line of stdout.
-fn create_key(config: &Path, name: &str) -> String {
-    create_key_with(config, name, &[])
-}
-
-/// [`create_key`] with more flags (limits).
-fn create_key_with(config: &Path, name: &str, flags: &[&str]) -> String {
-    let mut args = vec!["keys", "create", "--name", name];
-    args.extend_from_slice(flags);
-    let created = fleetgate(config, &args);
-    let stdout = String::from_utf8(created.stdout).unwrap();
-    stdout.trim_end().lines().last().unwrap().to_owned()
-}
-
-fn fleetgate(config: &Path, args: &[&str]) -> std::process::Output {
-    let output = Command::new(FLEETGATE)
-        .args(args)
-        .arg("--config")
-        .arg(config)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    output
 }
 
 async fn complete(url: &str, key: &str, body: serde_json::Value) -> reqwest::Response {

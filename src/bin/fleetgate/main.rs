@@ -179,7 +179,7 @@ async fn main() -> anyhow::Result<()> {
     match Args::parse().command {
         Command::Serve { config } => {
             let config = config.load()?;
-            let _log = server::init_logging(config.log_format);
+            let _log = server::init_logging(config.log_format, &config.traces)?;
             let listener = tokio::net::TcpListener::bind(config.listen)
                 .await
                 .with_context(|| format!("binding {}", config.listen))?;
