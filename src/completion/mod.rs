@@ -111,7 +111,10 @@ pub async fn create_completion(
     })?;
     drop(parse); // its span ends with the checks
     record.set_model(&model.id);
-    tracing::Span::current().record("model", model.id.as_str());
+    if config.traces.enabled() {
+        // For the trace only (see `router::trace_span`).
+        tracing::Span::current().record("model", model.id.as_str());
+    }
     model.sleep.touch(workload(&headers) == Some("interactive"));
 
     let facts = Facts::learn(&state, model).await?;
