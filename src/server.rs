@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tracing::Level;
 use tracing_subscriber::Layer;
-use tracing_subscriber::filter::Targets;
+use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
@@ -75,9 +75,12 @@ pub fn init_logging(format: LogFormat, traces: &TraceSettings) -> anyhow::Result
     // A second initialisation (tests, demo after serve) keeps the first subscriber.
     let _ = match &exporter {
         Some(exporter) => {
+            // The exporter's own warnings (a failed export, dropped spans) go to the
+            // log only: a span of the exporter's work would be exported in turn.
             let spans = Targets::new()
                 .with_default(Level::INFO)
-                .with_target("fleetgate", Level::DEBUG);
+                .with_target("fleetgate", Level::DEBUG)
+                .with_target("opentelemetry", LevelFilter::OFF);
             logs.with(exporter.layer().with_filter(spans)).try_init()
         }
         None => logs.try_init(),
