@@ -73,11 +73,50 @@ pub struct Config {
     /// Bearer token for the `/admin` API; without it the admin API is off (404).
     #[serde(default)]
     pub admin_token: Option<AdminToken>,
+    /// OpenTelemetry traces, exported over OTLP; off unless `otlp_endpoint` is set.
+    #[serde(default)]
+    pub traces: TraceSettings,
     pub models: Vec<ModelConfig>,
     /// The file this was loaded from, which a reload reads again (`reload.rs`); `None`
     /// for a config built from a string.
     #[serde(skip)]
     pub source: Option<PathBuf>,
+}
+
+/// Where and how much of the request path is traced (`src/traces.rs`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TraceSettings {
+    /// The collector's OTLP/HTTP base URL, e.g. `http://otel-collector:4318`; spans go to
+    /// `{otlp_endpoint}/v1/traces` as protobuf. Without it nothing is traced or exported
+    /// and no `traceparent` is sent to the nodes.
+    #[serde(default)]
+    pub otlp_endpoint: Option<String>,
+    /// `service.name` of the exported spans.
+    #[serde(default = "default_service_name")]
+    pub service_name: String,
+    /// Share of new traces kept, 0 to 1. A request that arrives with a `traceparent`
+    /// follows its sampled flag instead (parent-based sampling), so a trace is kept or
+    /// dropped whole across client, gateway and vLLM.
+    #[serde(default = "default_sample_ratio")]
+    pub sample_ratio: f64,
+}
+
+impl Default for TraceSettings {
+    fn default() -> Self {
+        Self {
+            otlp_endpoint: None,
+            service_name: default_service_name(),
+            sample_ratio: default_sample_ratio(),
+        }
+    }
+}
+
+impl TraceSettings {
+    /// Whether requests are traced (an endpoint is configured).
+    pub fn enabled(&self) -> bool {
+        self.otlp_endpoint.is_some()
+    }
 }
 
 /// Limits every key gets unless it overrides them.
@@ -435,6 +474,12 @@ fn default_max_queued() -> u32 {
 fn default_redis_key_prefix() -> String {
     "fleetgate".to_owned()
 }
+fn default_service_name() -> String {
+    "fleetgate".to_owned()
+}
+fn default_sample_ratio() -> f64 {
+    1.0
+}
 
 /// `url` with a relative SQLite file path made relative to `dir`; any other URL as it is.
 fn sqlite_relative_to(url: &str, dir: &Path) -> String {
@@ -688,6 +733,20 @@ impl Config {
                 fleet.prefix_imbalance_rel
             ));
         }
+        let traces = &self.traces;
+        if !(0.0..=1.0).contains(&traces.sample_ratio) {
+            return invalid(format!(
+                "traces.sample_ratio must be between 0 and 1 (got {})",
+                traces.sample_ratio
+            ));
+        }
+        if let Some(endpoint) = traces.otlp_endpoint.as_deref()
+            && !is_http_url(endpoint)
+        {
+            return invalid(format!(
+                "traces.otlp_endpoint must be an http(s) URL (got '{endpoint}')"
+            ));
+        }
         if fleet.eject_max_ms < fleet.eject_base_ms {
             return invalid("fleet.eject_max_ms must be at least fleet.eject_base_ms".into());
         }
@@ -767,5 +826,29 @@ mod tests {
         ] {
             assert_eq!(sqlite_relative_to(kept, dir), kept);
         }
+    }
+
+    fn traces(keys: &str) -> Result<Config, ConfigError> {
+        Config::from_toml(&format!(
+            "[traces]\n{keys}\n[[models]]\nid = \"m\"\n[[models.upstreams]]\nurl = \"http://127.0.0.1:1\"\ngpu = \"g\"\n"
+        ))
+    }
+
+    #[test]
+    fn traces_are_off_by_default_and_checked_by_name() {
+        let defaults = traces("").unwrap().traces;
+        assert!(!defaults.enabled());
+        assert_eq!(
+            (defaults.service_name.as_str(), defaults.sample_ratio),
+            ("fleetgate", 1.0)
+        );
+        let on = traces("otlp_endpoint = \"http://collector:4318\"\nsample_ratio = 0.25").unwrap();
+        assert!(on.traces.enabled());
+        let refused = |keys: &str| traces(keys).map(|_| ()).unwrap_err().to_string();
+        assert!(
+            refused("sample_ratio = 1.5").contains("traces.sample_ratio must be between 0 and 1")
+        );
+        assert!(refused("otlp_endpoint = \"collector:4318\"").contains("traces.otlp_endpoint"));
+        assert!(refused("endpoint = \"http://collector:4318\"").contains("endpoint"));
     }
 }

@@ -23,5 +23,6 @@ pub mod router;
 pub mod server;
 pub mod state;
 pub mod store;
+pub mod traces;
 pub mod upstream;
 pub mod usage;

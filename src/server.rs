@@ -9,6 +9,11 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
+use tracing::Level;
+use tracing_subscriber::Layer;
+use tracing_subscriber::filter::{LevelFilter, Targets};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::admission::ledger::LedgerUsage;
 use crate::admission::local::LocalLimiter;
@@ -17,41 +22,74 @@ use crate::admission::redis::journal::{self, JournalStore};
 use crate::admission::unlimited::Unlimited;
 use crate::admission::{Limiter, UsageSource};
 
-use crate::config::{Config, LogFormat};
+use crate::config::{Config, LogFormat, TraceSettings};
 use crate::keys::KeyTable;
 use crate::ledger::Ledger;
 use crate::router::build_router;
 use crate::state::AppState;
+use crate::traces::Exporter;
 
-/// Keeps the log writer's thread alive; dropping it writes out what is still queued.
-/// Hold it until the process is done logging.
-#[must_use = "dropping the guard stops the log writer"]
+/// Keeps the log writer's thread and the trace exporter alive; dropping it exports the
+/// spans still queued, then writes out the log lines still queued. Hold it until the
+/// process is done logging.
+#[must_use = "dropping the guard stops the log writer and the trace exporter"]
 pub struct LogGuard {
+    traces: Option<Exporter>,
     _writer: tracing_appender::non_blocking::WorkerGuard,
 }
 
-/// Installs the global tracing subscriber (stderr; stdout belongs to CLI output).
-/// `RUST_LOG` refines the filter; the default logs requests at info.
+impl Drop for LogGuard {
+    fn drop(&mut self) {
+        // Before the log writer goes, so that a failed export is still logged.
+        if let Some(traces) = self.traces.take() {
+            traces.shutdown();
+        }
+    }
+}
+
+/// Installs the global tracing subscriber (stderr; stdout belongs to CLI output) and,
+/// when `[traces]` names an endpoint, the trace exporter.
+/// `RUST_LOG` refines the log filter; the default logs requests at info.
 ///
 /// Lines are written to stderr by a thread of their own, so a request never waits for
 /// the write (under load a line per request was a quarter of the gateway's time). It
 /// blocks rather than drops when its queue is full: no line is lost.
-pub fn init_logging(format: LogFormat) -> LogGuard {
+///
+/// Each output has its own filter: the request path's stage spans are at debug level,
+/// which the log leaves out by default, and only the traces layer (when there is one)
+/// takes them, so with traces off they cost nothing.
+pub fn init_logging(format: LogFormat, traces: &TraceSettings) -> anyhow::Result<LogGuard> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tower_http=info"));
     let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
         .lossy(false)
         .finish(std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(writer);
-    // A second initialisation (tests, demo after serve) keeps the first subscriber.
-    let _ = match format {
-        LogFormat::Json => builder.json().try_init(),
-        LogFormat::Text => builder.try_init(),
+    let fmt = match format {
+        LogFormat::Json => fmt.json().boxed(),
+        LogFormat::Text => fmt.boxed(),
     };
-    LogGuard { _writer: guard }
+    let logs = tracing_subscriber::registry().with(fmt.with_filter(filter));
+    let exporter = Exporter::start(traces).context("starting the trace exporter")?;
+    // A second initialisation (tests, demo after serve) keeps the first subscriber.
+    let _ = match &exporter {
+        Some(exporter) => {
+            // The exporter's own warnings (a failed export, dropped spans) go to the
+            // log only: a span of the exporter's work would be exported in turn.
+            let spans = Targets::new()
+                .with_default(Level::INFO)
+                .with_target("fleetgate", Level::DEBUG)
+                .with_target("opentelemetry", LevelFilter::OFF);
+            logs.with(exporter.layer().with_filter(spans)).try_init()
+        }
+        None => logs.try_init(),
+    };
+    Ok(LogGuard {
+        traces: exporter,
+        _writer: guard,
+    })
 }
 
 /// Opens the store named by the config, sets up the live counters (Redis when

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt, TryStreamExt};
-use http::{HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderValue, StatusCode};
 use serde::Deserialize;
 
 use crate::config::UpstreamSettings;
@@ -304,14 +304,19 @@ impl UpstreamClient {
         Ok(parsed.count)
     }
 
-    /// Sends a completion request; the answer (any status) is returned with its body
-    /// unread.
-    pub async fn send_completion(&self, url: &str, body: Bytes) -> Result<Answer, UpstreamError> {
+    /// Sends a completion request with `headers` besides its own (the trace context);
+    /// the answer (any status) is returned with its body unread.
+    pub async fn send_completion(
+        &self,
+        url: &str,
+        body: Bytes,
+        headers: &HeaderMap,
+    ) -> Result<Answer, UpstreamError> {
         const PATH: &str = "/v1/completions";
         if let Some(target) = h1::Target::parse(url) {
             return self
                 .h1
-                .post_json(target, PATH, &body)
+                .post_json(target, PATH, headers, &body)
                 .await
                 .map(Answer::H1)
                 .map_err(|source| UpstreamError::Unreachable {
@@ -322,6 +327,7 @@ impl UpstreamClient {
         self.http
             .post(format!("{url}{PATH}"))
             .header(http::header::CONTENT_TYPE, "application/json")
+            .headers(headers.clone())
             .body(body)
             .send()
             .await

@@ -10,6 +10,7 @@
 
 /// The parts of the shared harness (`tests/common`) these tests use.
 mod common {
+    pub mod cli;
     pub mod processes;
 }
 
@@ -17,8 +18,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::cli::{create_key, create_key_with, fleetgate};
 use common::processes::{
-    FLEETGATE, Proc, listening_address, logged_address, serve, start_mock, wait_for_line,
+    FLEETGATE, Proc, listening_address, logged_address, serve, signal, start_mock, wait_for_line,
 };
 
 fn write_config(dir: &Path, upstream: &str) -> std::path::PathBuf {
@@ -34,48 +36,9 @@ fn write_config(dir: &Path, upstream: &str) -> std::path::PathBuf {
     path
 }
 
-/// `fleetgate keys create --name NAME`: the secret, alone on the last line of stdout.
-fn create_key(config: &Path, name: &str) -> String {
-    create_key_with(config, name, &[])
-}
-
-/// [`create_key`] with more flags (limits).
-fn create_key_with(config: &Path, name: &str, flags: &[&str]) -> String {
-    let mut args = vec!["keys", "create", "--name", name];
-    args.extend_from_slice(flags);
-    let created = fleetgate(config, &args);
-    let stdout = String::from_utf8(created.stdout).unwrap();
-    stdout.trim_end().lines().last().unwrap().to_owned()
-}
-
-fn fleetgate(config: &Path, args: &[&str]) -> std::process::Output {
-    let output = Command::new(FLEETGATE)
-        .args(args)
-        .arg("--config")
-        .arg(config)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    output
-}
-
-/// Sends `signal` (`TERM`, `HUP`…) to `process` with `kill`.
-fn signal(process: &Proc, signal: &str) {
-    let pid = process.0.id().to_string();
-    let sent = Command::new("kill")
-        .args([format!("-{signal}"), pid])
-        .status()
-        .unwrap();
-    assert!(sent.success(), "kill -{signal} failed");
-}
-
 /// SIGTERM, then waits: whether it exited with success (a clean, drained stop).
 fn terminate(mut process: Proc) -> bool {
-    signal(&process, "TERM");
+    signal(&process.0, "TERM");
     process.0.wait().unwrap().success()
 }
 
@@ -786,7 +749,7 @@ async fn sigkill_loses_only_the_last_moments_of_usage_and_sigterm_none() {
     {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    signal(&server, "TERM");
+    signal(&server.0, "TERM");
     // The clients stop once the server no longer answers.
     let answered = load.await.unwrap();
     let mut server = server;
@@ -969,7 +932,7 @@ async fn sighup_reloads_the_config_file_and_a_new_node_takes_traffic() {
         served_by(&complete(&url, &secret, body.clone()).await),
         "gpu-a"
     );
-    let hang_up = || signal(&server, "HUP");
+    let hang_up = || signal(&server.0, "HUP");
     let node_b = format!("\n[[models.upstreams]]\nurl = \"{url_b}\"\ngpu = \"gpu-b\"\n");
     let original = std::fs::read_to_string(&config).unwrap();
 

@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::postgres::FreshDatabase;
-use common::processes::{FLEETGATE, MockNode, Proc, serve, start_mock};
+use common::processes::{FLEETGATE, MockNode, Proc, serve, signal, start_mock};
 use sqlx::{AssertSqlSafe, Connection as _, PgConnection};
 
 use bytes::Bytes;
@@ -987,15 +987,6 @@ async fn a_gateway_rides_out_redis_going_away() {
     assert_eq!(usage["reserved"], 0, "{usage}");
 }
 
-/// Sends a signal (`STOP`, `CONT`) to a private redis-server.
-fn signal(redis: &RedisServer, name: &str) {
-    let status = Command::new("kill")
-        .args([&format!("-{name}"), &redis.0.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill -{name}");
-}
-
 /// A Redis that freezes (SIGSTOP) rather than dies: admissions time out and answer 503
 /// `admission_unavailable` within a bound. Once it resumes, Redis runs the admission
 /// script whose reply timed out, giving a running slot to a request already refused;
@@ -1011,9 +1002,9 @@ async fn a_frozen_redis_leaves_no_phantom_slots() {
     let (_gateway, url) = serve(config, "gateway");
     until_admitted(&api, &url, &quick).await;
 
-    signal(&redis, "STOP");
+    signal(&redis.0, "STOP");
     expect_admission_unavailable(&api, &url, &quick).await;
-    signal(&redis, "CONT");
+    signal(&redis.0, "CONT");
 
     let resumed = Instant::now();
     let (_, attempts) = until_admitted(&api, &url, &quick).await;
@@ -1052,7 +1043,7 @@ async fn settlements_during_a_redis_freeze_are_not_lost() {
             "stream": true, "stream_options": {"include_usage": true}});
         running.push(api.start_stream(&url, &stream).await);
     }
-    signal(&redis, "STOP");
+    signal(&redis.0, "STOP");
     let frozen = Instant::now();
     for mut response in running {
         let body = bounded(SOON, "a stream ends while Redis is frozen", async {
@@ -1068,7 +1059,7 @@ async fn settlements_during_a_redis_freeze_are_not_lost() {
     // Frozen for 3 s in all, past every stream's end and call time-out.
     let rest = Duration::from_secs(3).saturating_sub(frozen.elapsed());
     tokio::time::sleep(rest).await;
-    signal(&redis, "CONT");
+    signal(&redis.0, "CONT");
 
     let usage = api
         .wait_usage(&url, "the retried settlements applied", |u| {
@@ -1252,9 +1243,9 @@ async fn three_replicas_ride_out_every_fault_with_exact_budgets() {
     tokio::time::sleep(calm).await;
 
     let began = Instant::now();
-    signal(&redis, "STOP");
+    signal(&redis.0, "STOP");
     tokio::time::sleep(Duration::from_secs(4)).await;
-    signal(&redis, "CONT");
+    signal(&redis.0, "CONT");
     faults.push(Fault {
         name: "Redis frozen 4 s",
         began,

@@ -24,6 +24,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::draining::shutting_down;
 use super::job::Job;
@@ -72,7 +73,9 @@ pub fn respond(pending: Pending, settlement: Settlement, request_id: String) -> 
         "application/json"
     };
     let tasks = pending.state.tasks().clone();
-    tasks.spawn(run(pending, settlement, request_id, tx));
+    // In the request's span, so that the boot's wait and the dispatch after it are in
+    // its trace.
+    tasks.spawn(run(pending, settlement, request_id, tx).in_current_span());
     let body = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
     (
         StatusCode::OK,

@@ -11,13 +11,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::StatusCode;
+use http::{HeaderMap, StatusCode};
+use tracing::Instrument;
 
 use crate::completion::settle::Settlement;
 use crate::error::ApiError;
 use crate::fleet::{Affinity, Model, NoNode, Node};
 use crate::metrics::UpstreamOutcome;
 use crate::state::AppState;
+use crate::traces;
 use crate::upstream::{Answer, upstream_rejection};
 
 /// A node's answer (headers read, body not yet) and what is needed to relay it.
@@ -53,7 +55,7 @@ pub async fn dispatch(
     loop {
         let exclude = failed.as_ref().map(|(u, _)| &**u);
         let taken = tokio::select! {
-            taken = model.acquire(exclude, affinity) => taken,
+            taken = model.acquire(exclude, affinity).instrument(tracing::debug_span!("route")) => taken,
             () = state.draining().cancelled() => {
                 return Err(Failed {
                     error: super::draining::shutting_down(),
@@ -96,10 +98,22 @@ pub async fn dispatch(
             failed = Some((upstream, stopped_answering()));
             continue;
         }
+        // The node's label, not its URL: the same name the client sees.
+        let span = tracing::debug_span!(
+            "upstream",
+            gpu = %upstream.gpu,
+            status = tracing::field::Empty,
+        );
+        let trace_headers = if state.config().traces.enabled() {
+            traces::trace_headers(&span)
+        } else {
+            HeaderMap::new()
+        };
         let sent = Instant::now();
         let call = state
             .upstream()
-            .send_completion(&upstream.url, body.clone());
+            .send_completion(&upstream.url, body.clone(), &trace_headers)
+            .instrument(span.clone());
         let answer = tokio::select! {
             answer = within(deadline, call) => answer,
             () = lost.cancelled() => {
@@ -110,6 +124,9 @@ pub async fn dispatch(
                 });
             }
         };
+        if let Some(Ok(response)) = &answer {
+            span.record("status", i64::from(response.status().as_u16()));
+        }
         let never_started = match answer {
             None => {
                 // Dropping the call closed its connection: vLLM aborts the generation.

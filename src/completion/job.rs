@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use axum::response::Response;
 use bytes::Bytes;
+use tracing::Instrument;
 
 use super::dispatch::{self, Dispatched, Window};
 use super::relay;
@@ -58,7 +59,17 @@ impl Job<'_> {
             sent,
         };
         let cut = relay::cut(self.state.draining().clone(), upstream.lost());
-        let relayed = relay::relay(response, settlement, self.include_usage, timing, cut).await;
+        let span = tracing::debug_span!("relay");
+        let relayed = relay::relay(
+            response,
+            settlement,
+            self.include_usage,
+            timing,
+            cut,
+            span.clone(),
+        )
+        .instrument(span)
+        .await;
         (relayed, Some(upstream))
     }
 }

@@ -22,6 +22,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::admission::KeyLimits;
 use crate::contract::{X_ACS_MAX_TOKENS_CLAMPED, X_ACS_UPSTREAM_GPU, X_ACS_UPSTREAM_MODEL};
@@ -97,19 +98,31 @@ pub async fn create_completion(
     require_json(&headers)?;
     let config = state.config();
     let body_timeout = Duration::from_millis(config.connections.body_read_timeout_ms);
-    let bytes = read_limited(&headers, body, config.max_body_bytes, body_timeout).await?;
-    let request = CompletionRequest::parse(&bytes).inspect_err(|_| {
-        // Count a refused request under its model when it names a known one (unknown
-        // names are not metric labels: any string could be sent).
-        if let Some(model) =
-            named_model(&bytes).and_then(|id| state.fleet().resolve(Some(&id)).ok())
-        {
-            record.set_model(&model.id);
-        }
+    // Reading the body is part of parsing it: a slow upload shows here.
+    let parse = tracing::debug_span!("parse");
+    let bytes = read_limited(&headers, body, config.max_body_bytes, body_timeout)
+        .instrument(parse.clone())
+        .await?;
+    let (request, model) = parse.in_scope(|| {
+        let request = CompletionRequest::parse(&bytes).inspect_err(|_| {
+            // Count a refused request under its model when it names a known one (unknown
+            // names are not metric labels: any string could be sent).
+            if let Some(model) =
+                named_model(&bytes).and_then(|id| state.fleet().resolve(Some(&id)).ok())
+            {
+                record.set_model(&model.id);
+            }
+        })?;
+        let model = state.fleet().resolve(request.model())?;
+        record.set_model(&model.id);
+        request.check_logprobs_cap(model.max_logprobs)?;
+        Ok::<_, ApiError>((request, model))
     })?;
-    let model = state.fleet().resolve(request.model())?;
-    record.set_model(&model.id);
-    request.check_logprobs_cap(model.max_logprobs)?;
+    drop(parse); // its span ends with the checks
+    if config.traces.enabled() {
+        // For the trace only (see `router::trace_span`).
+        tracing::Span::current().record("model", model.id.as_str());
+    }
     model.sleep.touch(workload(&headers) == Some("interactive"));
 
     let facts = Facts::learn(&state, model).await?;
@@ -230,31 +243,35 @@ async fn forward(
         (!request.stream()).then(|| Duration::from_millis(state.config().fleet.request_window_ms));
     // Each node found dead while counting tokens is replaced once by another.
     let mut attempts = model.node_count() + 1;
-    let plan = loop {
-        let planner = Planner {
-            client: state.upstream(),
-            upstream: facts.node.as_deref(),
-            served: &facts.served,
-            deadline: window.map(|w| DeadlineFit::new(w, model.decode_tokens_per_second)),
-        };
-        let lost = facts.node.as_ref().map(|node| node.lost());
-        let planned = tokio::select! {
-            planned = planner.plan(request) => planned,
-            () = cancelled(lost.as_ref()) => Err(PlanError::NodeLost),
-        };
-        match planned {
-            Ok(plan) => break plan,
-            Err(PlanError::Refused(err)) => return Err(err),
-            // Counting needs the booting model's tokenizer: nothing has been sent to
-            // the client yet, so wait for the boot here.
-            Err(PlanError::NoNodeToCount) => facts = Facts::after_boot(state, model).await?,
-            Err(PlanError::NodeLost) if attempts > 1 => {
-                attempts -= 1;
-                facts = Facts::learn(state, model).await?;
+    let plan = async {
+        loop {
+            let planner = Planner {
+                client: state.upstream(),
+                upstream: facts.node.as_deref(),
+                served: &facts.served,
+                deadline: window.map(|w| DeadlineFit::new(w, model.decode_tokens_per_second)),
+            };
+            let lost = facts.node.as_ref().map(|node| node.lost());
+            let planned = tokio::select! {
+                planned = planner.plan(request) => planned,
+                () = cancelled(lost.as_ref()) => Err(PlanError::NodeLost),
+            };
+            match planned {
+                Ok(plan) => return Ok(plan),
+                Err(PlanError::Refused(err)) => return Err(err),
+                // Counting needs the booting model's tokenizer: nothing has been sent to
+                // the client yet, so wait for the boot here.
+                Err(PlanError::NoNodeToCount) => facts = Facts::after_boot(state, model).await?,
+                Err(PlanError::NodeLost) if attempts > 1 => {
+                    attempts -= 1;
+                    facts = Facts::learn(state, model).await?;
+                }
+                Err(PlanError::NodeLost) => return Err(dispatch::stopped_answering()),
             }
-            Err(PlanError::NodeLost) => return Err(dispatch::stopped_answering()),
         }
-    };
+    }
+    .instrument(tracing::debug_span!("plan"))
+    .await?;
     if state.ledger().backlogged() {
         // The store has been away long enough that usage waiting to be recorded reached
         // its bound: refuse rather than run requests whose usage could not be kept.
@@ -262,7 +279,9 @@ async fn forward(
     }
     let key = &caller.0;
     let limits = KeyLimits::resolve(&state.config().limits, &key.limits);
-    let grant = admit::admit(state, key.id, &limits, &plan.cost, request_id).await?;
+    let grant = admit::admit(state, key.id, &limits, &plan.cost, request_id)
+        .instrument(tracing::debug_span!("admit"))
+        .await?;
     let settlement = Settlement::new(
         state.clone(),
         key.id,

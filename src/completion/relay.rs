@@ -53,12 +53,14 @@ pub fn cut(draining: CancellationToken, lost: CancellationToken) -> Cut {
 
 /// `forward_usage`: whether the client asked for a stream's usage-only frame.
 /// `timing`: the upstream's series, for its outcome, time to the first byte and duration.
+/// `span`: the relay's trace span, which a streamed body holds until it ends.
 pub async fn relay(
     upstream: Answer,
     mut settlement: Settlement,
     forward_usage: bool,
     timing: Timing,
     cut: Cut,
+    span: tracing::Span,
 ) -> Result<Response, ApiError> {
     if !upstream.status().is_success() {
         timing.metrics.outcome(UpstreamOutcome::ErrorStatus);
@@ -105,6 +107,7 @@ pub async fn relay(
         timing,
         first_seen: false,
         cut,
+        _span: span,
     };
     response
         .body(Body::from_stream(body))
@@ -170,6 +173,9 @@ struct Metered {
     timing: Timing,
     first_seen: bool,
     cut: Cut,
+    /// Open while the body is relayed: the relay's span ends with the body, not when
+    /// the response head goes out.
+    _span: tracing::Span,
 }
 
 /// The upstream's series and when the request was sent to it, for the time to its

@@ -9,6 +9,7 @@ use axum::extract::{Request, State};
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::Response;
+use tracing::Instrument;
 
 use crate::error::ApiError;
 use crate::http::request_record::RequestRecord;
@@ -27,7 +28,9 @@ pub async fn require_key(
     mut request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    let caller = authenticate(&state, request.headers()).await?;
+    let caller = authenticate(&state, request.headers())
+        .instrument(tracing::debug_span!("auth"))
+        .await?;
     let key = &caller.0;
     tracing::Span::current().record("key_prefix", key.prefix.as_str());
     if let Some(record) = request.extensions().get::<RequestRecord>() {

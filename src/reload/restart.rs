@@ -24,6 +24,7 @@ pub fn needing_restart(running: &Config, next: &Config) -> Vec<String> {
         redis_url,
         redis_key_prefix,
         admin_token,
+        traces,
         models,
         source: _,
     } = running;
@@ -47,6 +48,7 @@ pub fn needing_restart(running: &Config, next: &Config) -> Vec<String> {
             *redis_key_prefix == next.redis_key_prefix,
         ),
         ("admin_token", *admin_token == next.admin_token),
+        ("traces", *traces == next.traces),
     ];
     let mut changed: Vec<String> = settings
         .into_iter()

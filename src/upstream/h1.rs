@@ -18,7 +18,7 @@
 //! proxies, compression, TLS, trailers (read and dropped).
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{self, IoSlice};
+use std::io::{self, IoSlice, Write as _};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::Stream;
-use http::{HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderValue, StatusCode};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
@@ -121,22 +121,40 @@ impl Client {
         }
     }
 
-    /// Sends `POST {base}{path}` with a JSON body and reads the answer's head; the body
-    /// is left to the caller.
+    /// Sends `POST {base}{path}` with a JSON body and `headers` besides its own, and
+    /// reads the answer's head; the body is left to the caller.
     pub async fn post_json(
         &self,
         target: Target<'_>,
         path: &str,
+        headers: &HeaderMap,
         body: &[u8],
     ) -> Result<Response, Error> {
-        let head = format!(
-            "POST {}{path} HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        // One allocation: the fixed text and the length's digits fit in the 128.
+        let extra: usize = headers
+            .iter()
+            .map(|(name, value)| name.as_str().len() + value.len() + 4)
+            .sum();
+        let mut head = Vec::with_capacity(
+            128 + target.base.len() + path.len() + target.authority.len() + extra,
+        );
+        write!(
+            head,
+            "POST {}{path} HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
             target.base,
             target.authority,
             body.len()
-        );
+        )
+        .map_err(Error::Io)?;
+        for (name, value) in headers {
+            head.extend_from_slice(name.as_str().as_bytes());
+            head.extend_from_slice(b": ");
+            head.extend_from_slice(value.as_bytes());
+            head.extend_from_slice(b"\r\n");
+        }
+        head.extend_from_slice(b"\r\n");
         if let Some(stream) = self.pool.checkout(target.authority) {
-            match exchange(stream, head.as_bytes(), body).await {
+            match exchange(stream, &head, body).await {
                 Ok(answer) => return Ok(self.response(target, answer)),
                 // Closed by the node while it sat idle: once more on a new connection.
                 Err(Error::Closed | Error::Io(_)) => {}
@@ -144,7 +162,7 @@ impl Client {
             }
         }
         let stream = self.connect(target).await?;
-        let answer = exchange(stream, head.as_bytes(), body).await?;
+        let answer = exchange(stream, &head, body).await?;
         Ok(self.response(target, answer))
     }
 
@@ -763,7 +781,12 @@ mod tests {
 
     async fn post(client: &Client, url: &str) -> Result<(StatusCode, Vec<u8>), Error> {
         let response = client
-            .post_json(Target::parse(url).unwrap(), "/v1/completions", b"{}")
+            .post_json(
+                Target::parse(url).unwrap(),
+                "/v1/completions",
+                &HeaderMap::new(),
+                b"{}",
+            )
             .await?;
         let status = response.status;
         let mut body = response.body;
@@ -809,7 +832,12 @@ mod tests {
         let (url, accepted) = node(SSE, None).await;
         let client = client();
         let response = client
-            .post_json(Target::parse(&url).unwrap(), "/v1/completions", b"{}")
+            .post_json(
+                Target::parse(&url).unwrap(),
+                "/v1/completions",
+                &HeaderMap::new(),
+                b"{}",
+            )
             .await
             .unwrap();
         drop(response);

@@ -2,8 +2,9 @@
 //! port, in front of an in-process mock-vllm, with a fresh SQLite store and key per test;
 //! its router alone, without a socket ([`App`]); fresh PostgreSQL databases (`postgres`).
 //! The tests name `AppState` and `build_router` only here. The real binaries as child
-//! processes (`processes`) are for the targets that run them (`tests/binary.rs`,
-//! `tests/replicas.rs`), which declare just the submodules they use.
+//! processes (`processes`, and the key commands in `cli`) are for the targets that run
+//! them (`tests/binary.rs`, `tests/replicas.rs`, `tests/traces.rs`), which declare just
+//! the submodules they use.
 
 pub mod postgres;
 

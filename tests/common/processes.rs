@@ -14,6 +14,15 @@ const STARTUP: Duration = Duration::from_secs(30);
 /// A child process that is killed when the test ends, however it ends.
 pub struct Proc(pub Child);
 
+/// Sends the signal `name` (`TERM`, `HUP`, `STOP`…) to `process` with `kill`.
+pub fn signal(process: &Child, name: &str) {
+    let sent = Command::new("kill")
+        .args([format!("-{name}"), process.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success(), "kill -{name}");
+}
+
 impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.0.kill();

@@ -58,6 +58,30 @@ async fn json_completion_is_relayed_and_only_the_model_is_rewritten() {
 }
 
 #[tokio::test]
+async fn without_traces_no_trace_context_goes_upstream() {
+    // Traces are off by default; a client's trace context is not passed through either.
+    let gw = Gateway::start().await;
+    let response = gw
+        .complete(r#"{"prompt":"Hi","max_tokens":2}"#)
+        .header(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        )
+        .header("tracestate", "vendor=value")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let received = gw.mock.received();
+    let sent = received
+        .iter()
+        .find(|r| r.path == "/v1/completions")
+        .unwrap();
+    assert!(sent.headers.get("traceparent").is_none());
+    assert!(sent.headers.get("tracestate").is_none());
+}
+
+#[tokio::test]
 async fn a_request_without_model_goes_to_the_default_model() {
     let gw = Gateway::start().await;
     let response = gw

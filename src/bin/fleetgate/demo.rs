@@ -38,7 +38,7 @@ gpu = "demo-gpu-0"
         data = data_dir.display(),
         upstream = mock.url(),
     ))?;
-    let _log = server::init_logging(config.log_format);
+    let _log = server::init_logging(config.log_format, &config.traces)?;
     let listener = TcpListener::bind(config.listen).await.with_context(|| {
         format!("cannot listen on {listen}; pick another address with --listen (e.g. --listen 127.0.0.1:8081)")
     })?;

@@ -271,7 +271,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
         Command::Serve { config } => {
             let config = config.load()?;
-            let _log = server::init_logging(config.log_format);
+            let _log = server::init_logging(config.log_format, &config.traces)?;
             let listener = tokio::net::TcpListener::bind(config.listen)
                 .await
                 .with_context(|| format!("cannot listen on {}", config.listen))?;
