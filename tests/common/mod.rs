@@ -136,6 +136,11 @@ impl Gateway {
             .bearer_auth(&self.key)
     }
 
+    /// [`Gateway::get`]'s answer as JSON.
+    pub async fn get_json(&self, path: &str) -> serde_json::Value {
+        self.get(path).send().await.unwrap().json().await.unwrap()
+    }
+
     /// A new key with its own limits: (id, secret).
     pub async fn create_key(&self, limits: LimitOverrides) -> (i64, String) {
         let key = fleetgate::keys::generate();

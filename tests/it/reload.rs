@@ -74,15 +74,9 @@ async fn hold_on(gw: &Gateway, mock: &MockVllm) -> tokio::task::JoinHandle<(u16,
 }
 
 async fn nodes_in_health(gw: &Gateway) -> u64 {
-    let health: Value = gw
-        .get("/health")
-        .send()
-        .await
+    gw.get_json("/health").await["models"][0]["nodes"]
+        .as_u64()
         .unwrap()
-        .json()
-        .await
-        .unwrap();
-    health["models"][0]["nodes"].as_u64().unwrap()
 }
 
 #[tokio::test]
@@ -230,14 +224,7 @@ async fn a_reweighted_node_keeps_its_requests_and_other_changes_wait_for_a_resta
         (200, "gpu-b")
     );
     // The held request is still counted on gpu-a.
-    let health: Value = gw
-        .get("/health?verbose=true")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let health = gw.get_json("/health?verbose=true").await;
     let on_a = &health["models"][0]["upstreams"][0];
     assert_eq!(
         (&on_a["gpu"], &on_a["in_flight"]),
