@@ -193,17 +193,18 @@ pub async fn live() -> Json<Liveness> {
 }
 
 fn model_health(model: &Model, verbose: bool) -> ModelHealth {
-    let nodes_up = model.in_rotation().count();
+    // One snapshot, so that the counts and the list agree across a reload.
+    let nodes = model.nodes();
+    let nodes_up = nodes.iter().filter(|u| model.takes_requests(u)).count();
     ModelHealth {
         id: model.id.clone(),
         ready: nodes_up > 0,
         asleep: model.sleep.is_asleep(),
         nodes_up,
-        nodes: model.nodes().len(),
+        nodes: nodes.len(),
         queued: model.queued(),
         upstreams: verbose.then(|| {
-            model
-                .nodes()
+            nodes
                 .iter()
                 .map(|u| {
                     let down_reason = if model.sleep.is_asleep() {

@@ -135,14 +135,6 @@ impl Model {
         !self.sleep.is_asleep() && node.health.is_up()
     }
 
-    /// The nodes that take requests now.
-    pub fn in_rotation(&self) -> impl Iterator<Item = Arc<Node>> + '_ {
-        let nodes = self.nodes();
-        (0..nodes.len())
-            .map(move |i| Arc::clone(&nodes[i]))
-            .filter(|u| self.takes_requests(u))
-    }
-
     /// Of `nodes`, those that take requests.
     fn up<'a>(&'a self, nodes: &'a [Arc<Node>]) -> impl Iterator<Item = &'a Arc<Node>> {
         nodes.iter().filter(|u| self.takes_requests(u))
