@@ -966,3 +966,58 @@ async fn sighup_reloads_the_config_file_and_a_new_node_takes_traffic() {
     let reloaded = next_line(&|l| l.contains("configuration reloaded"));
     assert!(reloaded.contains("added gpu-b"), "{reloaded}");
 }
+
+/// A 5xx is one log line, the request's own: no second `response failed` line from the
+/// HTTP layer, which would double the log in an outage.
+#[tokio::test]
+async fn a_5xx_is_logged_once() {
+    let dir = tempfile::tempdir().unwrap();
+    // Nobody listens at the upstream: every completion is a 503.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let config = write_config(dir.path(), &format!("http://{closed}"));
+    let secret = create_key(&config, "outage");
+    let mut child = Command::new(FLEETGATE)
+        .args(["serve", "--config"])
+        .arg(&config)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let server = Proc(child);
+    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = lines_tx.send(line);
+        }
+    });
+    let listening = loop {
+        let line = lines.recv_timeout(Duration::from_secs(30)).unwrap();
+        if let Some(address) = listening_address(&line) {
+            break address;
+        }
+    };
+    let body = serde_json::json!({"model": "llama-8b", "prompt": "Hi", "max_tokens": 2});
+    let response = complete(&format!("http://{listening}"), &secret, body).await;
+    assert!(response.status().is_server_error(), "{}", response.status());
+    response.bytes().await.unwrap();
+    assert!(terminate(server));
+    // The pipe closed with the process: once the reader is done, every line is here.
+    reader.join().unwrap();
+    let logged: Vec<String> = lines.try_iter().collect();
+    let finished: Vec<&String> = logged
+        .iter()
+        .filter(|l| l.contains("request finished") && l.contains("/v1/completions"))
+        .collect();
+    assert_eq!(finished.len(), 1, "{logged:#?}");
+    assert!(
+        !logged.iter().any(|l| l.contains("response failed")),
+        "{logged:#?}"
+    );
+}
