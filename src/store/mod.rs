@@ -6,8 +6,9 @@
 //! unless a column's name says otherwise (`created_at_ms`).
 //!
 //! Tables: `api_keys` (with each key's limit overrides), `usage_ledger` (the durable
-//! truth of monthly budgets) and `request_log` (request metadata, never prompt or
-//! completion text; written in batches by [`crate::request_log::RequestLog`]).
+//! truth of monthly budgets), `request_log` (request metadata, never prompt or
+//! completion text; written in batches by [`crate::request_log::RequestLog`]) and `jobs`
+//! (completion jobs, [`JobStore`]).
 
 use std::sync::Arc;
 
@@ -29,15 +30,22 @@ macro_rules! request_log_columns {
     };
 }
 
-// `shared` first: its macro is used by the backends declared after it.
+// `shared` and `job_sql` first: their macros are used by the backends declared after
+// them.
 #[macro_use]
 mod shared;
+#[macro_use]
+mod job_sql;
 mod columns;
+mod jobs;
 mod postgres;
 mod records;
 mod sqlite;
 
-pub use columns::now_unix;
+pub use columns::{now_unix, now_unix_ms};
+pub use jobs::{
+    Inserted, JobQuery, JobRow, JobStatus, JobStore, NewJob, Outcome, Retention, Swept,
+};
 pub use postgres::PostgresStore;
 pub use records::{
     KeyChange, KeyRecord, KeySignals, LimitOverrides, LimitUpdate, RequestLogRow, RequestQuery,

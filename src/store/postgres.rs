@@ -177,3 +177,5 @@ impl<'a> LogArrays<'a> {
         self.workload.push(row.workload.as_deref());
     }
 }
+
+impl_job_store!(PostgresStore, sqlx::Postgres, " FOR UPDATE SKIP LOCKED");

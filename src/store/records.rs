@@ -206,6 +206,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// A round trip to the database, for health checks.
     async fn ping(&self) -> Result<(), StoreError>;
+
+    /// The completion jobs kept in the same database.
+    fn jobs(&self) -> &dyn super::JobStore;
 }
 
 /// Which request log rows to read; every filter is optional.

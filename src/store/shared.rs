@@ -54,6 +54,10 @@ macro_rules! impl_store {
 
         #[async_trait::async_trait]
         impl Store for $store {
+            fn jobs(&self) -> &dyn super::JobStore {
+                self
+            }
+
             async fn create_key(
                 &self,
                 name: &str,

@@ -198,6 +198,8 @@ impl_store!(SqliteStore, sqlx::Sqlite {
     }
 });
 
+impl_job_store!(SqliteStore, sqlx::Sqlite, "");
+
 #[cfg(test)]
 mod tests {
     use super::is_memory;

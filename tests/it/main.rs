@@ -27,6 +27,7 @@ mod faults;
 mod fleet;
 mod gateway;
 mod health;
+mod job_store;
 mod keys;
 mod ledger;
 mod limiter;
