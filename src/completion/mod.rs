@@ -35,7 +35,18 @@ use pipeline::{Checked, Mode};
     path = "/v1/completions",
     tag = "completions",
     request_body(content = crate::openapi::CompletionRequestDoc, content_type = "application/json"),
+    params(
+        ("Prefer" = Option<String>, Header, description = "`respond-async` (RFC 7240) submits the request as a completion job: it is checked and admitted as a synchronous call would be (every 400/401/413/429 below applies, and it counts as one start against the key's rate), then answered 202 with `Location: /v1/harvest/{id}`; collect the result there. `stream: true` is a 400 with it. The job's run takes the key's slots and budget when a worker starts it."),
+        ("Idempotency-Key" = Option<String>, Header, description = "With `Prefer: respond-async`: a client-chosen key (1–255 visible ASCII characters, optionally quoted) for safe retries. The same key with the same body answers 200 with the job already submitted; with another body 422 `idempotency_key_reused`. Scoped to the API key; remembered until the job's row is deleted, 7 days after it ends."),
+        ("X-Acs-Workload" = Option<String>, Header, description = "`interactive` or `batch`: what the request is for (capacity planning and keep-warm). Jobs run as `batch`."),
+    ),
     responses(
+        (status = 202, description = "With `Prefer: respond-async`: the job was stored (`status: queued`). Harvest it at `Location`.", body = crate::openapi::JobDoc,
+            headers(
+                ("Location" = String, description = "`/v1/harvest/{id}`."),
+                ("Preference-Applied" = String, description = "`respond-async`."),
+            )),
+        (status = 422, description = "`idempotency_key_reused`: the `Idempotency-Key` was used by this key for a job with another body.", body = crate::openapi::ErrorEnvelopeDoc),
         (status = 200, description = "A text_completion object (JSON), or an SSE stream of them when `stream` is true; passed through verbatim from vLLM. After a confirmed cold boot of a sleeping model, the 200 is sent at once and the connection kept alive (`: booting` SSE comment lines, or leading spaces before the JSON) until the answer flows; an error after that point arrives in the body as the error envelope (JSON), or as an SSE `data:` event with the envelope followed by `data: [DONE]`, without `X-Acs-Upstream-Error-Kind`.",
             headers(
                 ("X-Request-Id" = String, description = "Trace id of this request; also `request_id` in error bodies."),
@@ -53,7 +64,7 @@ use pipeline::{Checked, Mode};
         (status = 408, description = "`request_timeout`: the body did not arrive within `connections.body_read_timeout_ms` of its headers.", body = crate::openapi::ErrorEnvelopeDoc),
         (status = 413, description = "`request_too_large`: body over the limit. Carries `X-Should-Retry: false`.", body = crate::openapi::ErrorEnvelopeDoc,
             headers(("X-Should-Retry" = String, description = "`false`: a retry cannot succeed."))),
-        (status = 429, description = "`rate_limited` (more starts per minute than the key's rate), `queue_full` (the key's running and waiting requests are at their limits) or `budget_exceeded` (what is left of the monthly token budget is less than the request needs; also `X-Should-Retry: false`). Always with `Retry-After`.", body = crate::openapi::ErrorEnvelopeDoc,
+        (status = 429, description = "`rate_limited` (more starts per minute than the key's rate), `queue_full` (the key's running and waiting requests are at their limits; for a job submission, also: the key has `jobs.max_pending_per_key` jobs queued or running) or `budget_exceeded` (what is left of the monthly token budget is less than the request needs; also `X-Should-Retry: false`). Always with `Retry-After`.", body = crate::openapi::ErrorEnvelopeDoc,
             headers(
                 ("Retry-After" = u32, description = "Seconds to wait; for `budget_exceeded`, until the budget resets."),
                 ("X-Should-Retry" = String, description = "`false` on `budget_exceeded`."),

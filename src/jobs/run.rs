@@ -24,6 +24,7 @@ use bytes::Bytes;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
+use crate::admission::Month;
 use crate::backoff::Backoff;
 use crate::completion::pipeline::{self, Checked, Mode};
 use crate::contract::X_ACS_WORKLOAD;
@@ -32,7 +33,7 @@ use crate::http::auth::Caller;
 use crate::http::envelope::envelope_json;
 use crate::http::request_record::RequestRecord;
 use crate::state::AppState;
-use crate::store::{JobRow, JobStatus, Outcome, now_unix_ms};
+use crate::store::{JobRow, JobStatus, Outcome, UsageRow, now_unix, now_unix_ms};
 
 /// The largest result body kept (a completion with many logprobs is large, but not
 /// this large).
@@ -351,9 +352,20 @@ async fn conclude(state: &AppState, job: &JobRow, stop: Stop) {
             error_code: None,
             prompt_tokens: None,
             completion_tokens: None,
+            charge: None,
         },
         Stop::Answered(Answer::Succeeded(body)) => {
             let (prompt_tokens, completion_tokens) = usage(&body);
+            let charge = prompt_tokens
+                .zip(completion_tokens)
+                .map(|(prompt, completion)| UsageRow {
+                    key_id: job.key_id,
+                    request_id: job.id.clone(),
+                    month: Month::now().to_string(),
+                    prompt_tokens: prompt,
+                    completion_tokens: completion,
+                    created_at: now_unix(),
+                });
             Outcome {
                 status: JobStatus::Succeeded,
                 result: Some(body.to_vec()),
@@ -361,6 +373,7 @@ async fn conclude(state: &AppState, job: &JobRow, stop: Stop) {
                 error_code: None,
                 prompt_tokens,
                 completion_tokens,
+                charge,
             }
         }
         Stop::Answered(Answer::Failed { status, error, .. }) => {
@@ -372,6 +385,7 @@ async fn conclude(state: &AppState, job: &JobRow, stop: Stop) {
                 error_code: Some(error.code.to_owned()),
                 prompt_tokens: None,
                 completion_tokens: None,
+                charge: None,
             }
         }
     };

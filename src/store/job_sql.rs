@@ -177,6 +177,7 @@ macro_rules! impl_job_store {
                 now_ms: i64,
             ) -> Result<bool, super::StoreError> {
                 let tokens = |n: Option<u64>| n.map(|n| i64::try_from(n).unwrap_or(i64::MAX));
+                let mut tx = self.pool.begin().await?;
                 let done = sqlx::query(concat!(
                     "UPDATE jobs SET status = $3, result = $4, result_status = $5, ",
                     "error_code = $6, prompt_tokens = $7, completion_tokens = $8, ",
@@ -192,9 +193,29 @@ macro_rules! impl_job_store {
                 .bind(tokens(outcome.prompt_tokens))
                 .bind(tokens(outcome.completion_tokens))
                 .bind(now_ms)
-                .execute(&self.pool)
+                .execute(&mut *tx)
                 .await?;
-                Ok(done.rows_affected() == 1)
+                if done.rows_affected() != 1 {
+                    return Ok(false);
+                }
+                if let Some(row) = &outcome.charge {
+                    let counts = UsageColumns::encode(row)?;
+                    sqlx::query(
+                        "INSERT INTO usage_ledger (key_id, request_id, month, prompt_tokens, \
+                         completion_tokens, created_at) VALUES ($1, $2, $3, $4, $5, $6) \
+                         ON CONFLICT (request_id) DO NOTHING",
+                    )
+                    .bind(row.key_id)
+                    .bind(row.request_id.as_str())
+                    .bind(row.month.as_str())
+                    .bind(counts.prompt_tokens)
+                    .bind(counts.completion_tokens)
+                    .bind(row.created_at)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                tx.commit().await?;
+                Ok(true)
             }
 
             async fn requeue(

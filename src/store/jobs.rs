@@ -123,6 +123,11 @@ pub struct Outcome {
     pub error_code: Option<String>,
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
+    /// The usage to put in the ledger with the end, in the same transaction, under the
+    /// job's id: a job that ended as succeeded is charged even if the process dies before
+    /// its write-behind ledger row is committed (that row, under the same id, then
+    /// changes nothing).
+    pub charge: Option<super::UsageRow>,
 }
 
 /// The page of a key's jobs [`JobStore::list`] returns: newest first.

@@ -36,6 +36,7 @@ fn succeeded() -> Outcome {
         error_code: None,
         prompt_tokens: Some(3),
         completion_tokens: Some(5),
+        charge: None,
     }
 }
 
@@ -68,6 +69,7 @@ job_store_tests![
     an_idempotency_key_names_one_job_per_key,
     a_claim_is_a_fenced_attempt,
     a_lapsed_lease_is_taken_over_by_a_new_attempt,
+    an_end_and_its_charge_commit_together_once,
     a_requeued_job_waits_until_it_is_due,
     cancel_ends_a_queued_job_and_flags_a_running_one,
     concurrent_claimers_never_share_a_job,
@@ -202,6 +204,42 @@ async fn a_lapsed_lease_is_taken_over_by_a_new_attempt(store: Arc<dyn Store>) {
     );
 }
 
+async fn an_end_and_its_charge_commit_together_once(store: Arc<dyn Store>) {
+    let key = store
+        .create_key(
+            "k",
+            None,
+            &fleetgate::keys::generate(),
+            &LimitOverrides::default(),
+        )
+        .await
+        .unwrap()
+        .id;
+    insert(&*store, &job(key, 1, None)).await;
+    let jobs = store.jobs();
+    jobs.claim("a", T0, 30_000).await.unwrap().unwrap();
+    let charge = UsageRow {
+        key_id: key,
+        request_id: "job_0001".to_owned(),
+        month: "2027-01".to_owned(),
+        prompt_tokens: 3,
+        completion_tokens: 5,
+        created_at: T0 / 1000,
+    };
+    let charged = Outcome {
+        charge: Some(charge.clone()),
+        ..succeeded()
+    };
+    // A fenced-out end charges nothing.
+    assert!(!jobs.finish("job_0001", 2, &charged, T0).await.unwrap());
+    assert_eq!(store.month_usage(key, "2027-01").await.unwrap(), 0);
+    assert!(jobs.finish("job_0001", 1, &charged, T0).await.unwrap());
+    assert_eq!(store.month_usage(key, "2027-01").await.unwrap(), 8);
+    // The write-behind ledger's row of the same run, under the same id: no second charge.
+    store.record_usage(&charge).await.unwrap();
+    assert_eq!(store.month_usage(key, "2027-01").await.unwrap(), 8);
+}
+
 async fn a_requeued_job_waits_until_it_is_due(store: Arc<dyn Store>) {
     insert(&*store, &job(1, 1, None)).await;
     let jobs = store.jobs();
@@ -244,6 +282,7 @@ async fn cancel_ends_a_queued_job_and_flags_a_running_one(store: Arc<dyn Store>)
         error_code: None,
         prompt_tokens: None,
         completion_tokens: None,
+        charge: None,
     };
     assert!(
         jobs.finish("job_0001", 1, &cancelled, T0 + 40)

@@ -28,6 +28,7 @@ mod fleet;
 mod gateway;
 mod health;
 mod job_store;
+mod jobs;
 mod keys;
 mod ledger;
 mod limiter;
