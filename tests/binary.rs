@@ -11,6 +11,7 @@
 /// The parts of the shared harness (`tests/common`) these tests use.
 mod common {
     pub mod cli;
+    pub mod jobs;
     pub mod processes;
 }
 
@@ -1020,4 +1021,76 @@ async fn a_5xx_is_logged_once() {
         !logged.iter().any(|l| l.contains("response failed")),
         "{logged:#?}"
     );
+}
+
+/// Polls an outside process's state until `done` (at most 20 s).
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let since = std::time::Instant::now();
+    while !done() {
+        assert!(
+            since.elapsed() < Duration::from_secs(20),
+            "{what}: not within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The only replica killed (SIGKILL) while it runs jobs, then started again: each job
+/// is taken over once its lease lapses and ends once, with its result; the killed runs
+/// were aborted upstream and charged nothing, so each job is charged once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_cut_by_a_sigkill_finish_after_a_restart_charged_once() {
+    const JOBS: usize = 4;
+    let dir = tempfile::tempdir().unwrap();
+    // 20 tokens 50 ms apart: a run takes about a second.
+    let (mock, upstream) = start_mock(50);
+    let config = write_config(dir.path(), &upstream);
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text = text.replacen("[[models]]", "[jobs]\nlease_ms = 1000\n\n[[models]]", 1);
+    std::fs::write(&config, text).unwrap();
+    let secret = create_key(&config, "jobs");
+    let client = reqwest::Client::new();
+
+    let (mut server, url) = serve(&config, "killed");
+    let mut ids = Vec::new();
+    for n in 0..JOBS {
+        ids.push(common::jobs::submit(&client, &url, &secret, &format!("restart-{n}"), 20).await);
+    }
+    until("every job running", || mock.in_flight() == JOBS).await;
+    server.0.kill().unwrap();
+    server.0.wait().unwrap();
+    until("the killed runs aborted upstream", || {
+        mock.cancelled() == JOBS
+    })
+    .await;
+
+    let (server, url) = serve(&config, "restarted");
+    let mut charged = 0;
+    for id in &ids {
+        let job = common::jobs::harvest(&client, &url, &secret, id, Duration::from_secs(30)).await;
+        assert_eq!(job["status"], "succeeded", "{job}");
+        assert_eq!(job["attempts"], 2, "{job}");
+        assert_eq!(job["result"]["usage"]["completion_tokens"], 20);
+        charged += job["result"]["usage"]["total_tokens"].as_u64().unwrap();
+    }
+    let mut prompts = mock.prompts();
+    prompts.sort();
+    let expected: Vec<String> = (0..JOBS)
+        .flat_map(|n| [format!("restart-{n}"), format!("restart-{n}")])
+        .collect();
+    assert_eq!(
+        prompts, expected,
+        "each job ran twice: the killed run and its takeover"
+    );
+    assert!(terminate(server));
+    let ledger = ledger_ids(&dir.path().join("fg.db")).await;
+    for id in &ids {
+        assert!(ledger.contains(id), "{id} is charged");
+    }
+    let usage: serde_json::Value = serde_json::from_str(
+        &String::from_utf8(fleetgate(&config, &["keys", "usage", &secret[..12], "--json"]).stdout)
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(usage["used_tokens"], charged, "charged once per job");
 }
