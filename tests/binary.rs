@@ -1094,3 +1094,73 @@ async fn jobs_cut_by_a_sigkill_finish_after_a_restart_charged_once() {
     .unwrap();
     assert_eq!(usage["used_tokens"], charged, "charged once per job");
 }
+
+/// `fleetgate jobs list|show|cancel` against the store a server writes: metadata only
+/// (never the prompt); a cancel from the CLI is seen by the server's harvest.
+#[tokio::test]
+async fn the_jobs_cli_lists_shows_and_cancels_without_showing_content() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_mock, upstream) = start_mock(0);
+    let config = write_config(dir.path(), &upstream);
+    let text = std::fs::read_to_string(&config).unwrap();
+    // No workers: the jobs stay queued.
+    std::fs::write(
+        &config,
+        text.replacen("[[models]]", "[jobs]\nworkers = 0\n\n[[models]]", 1),
+    )
+    .unwrap();
+    let secret = create_key(&config, "jobs");
+    let client = reqwest::Client::new();
+    let (server, url) = serve(&config, "jobs cli");
+    let first = common::jobs::submit(&client, &url, &secret, "a secret prompt", 2).await;
+    let second = common::jobs::submit(&client, &url, &secret, "another secret prompt", 2).await;
+
+    let listed = fleetgate(&config, &["jobs", "list", "--json"]);
+    assert!(listed.status.success());
+    let listed = String::from_utf8(listed.stdout).unwrap();
+    let ids: Vec<String> = listed
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(ids, [second.clone(), first.clone()], "newest first");
+    let table =
+        String::from_utf8(fleetgate(&config, &["jobs", "list", "--status", "queued"]).stdout)
+            .unwrap();
+    assert!(
+        table.contains(&first) && table.contains("queued"),
+        "{table}"
+    );
+    let shown = String::from_utf8(fleetgate(&config, &["jobs", "show", &first]).stdout).unwrap();
+    let shown: serde_json::Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(shown["status"], "queued");
+    for out in [&listed, &table, &shown.to_string()] {
+        assert!(!out.contains("secret prompt"), "content shown: {out}");
+    }
+
+    let cancelled = fleetgate(&config, &["jobs", "cancel", &first]);
+    assert!(
+        String::from_utf8(cancelled.stdout)
+            .unwrap()
+            .contains("Cancelled")
+    );
+    let job = common::jobs::harvest(&client, &url, &secret, &first, Duration::from_secs(10)).await;
+    assert_eq!(job["status"], "cancelled");
+    let failing = |args: &[&str]| {
+        let output = Command::new(FLEETGATE)
+            .args(args)
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{args:?} succeeded");
+        String::from_utf8(output.stderr).unwrap()
+    };
+    assert!(failing(&["jobs", "show", "job_nope"]).contains("no job with id 'job_nope'"));
+    assert!(failing(&["jobs", "list", "--status", "lost"]).contains("expected one of queued"));
+    assert!(terminate(server));
+}

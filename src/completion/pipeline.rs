@@ -101,7 +101,7 @@ pub async fn complete(
         // For the trace only (see `router::trace_span`).
         tracing::Span::current().record("model", model.id.as_str());
     }
-    model.sleep.touch(workload(&headers) == Some("interactive"));
+    model.sleep.touch(workload(headers) == Some("interactive"));
 
     let facts = Facts::learn(state, model).await?;
     let tags = upstream_tags(facts.node.as_deref(), Some(&facts.served));

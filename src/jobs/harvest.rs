@@ -140,7 +140,7 @@ pub async fn list(
         ));
     }
     let query = JobQuery {
-        key_id: caller.0.id,
+        key_id: Some(caller.0.id),
         status: params.status,
         after: params.after,
         limit: limit + 1,

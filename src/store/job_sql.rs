@@ -100,9 +100,11 @@ macro_rules! impl_job_store {
                 let mut select = sqlx::QueryBuilder::<$db>::new(concat!(
                     "SELECT ",
                     job_columns!(),
-                    " FROM jobs WHERE key_id = "
+                    " FROM jobs WHERE TRUE"
                 ));
-                select.push_bind(query.key_id);
+                if let Some(key_id) = query.key_id {
+                    select.push(" AND key_id = ").push_bind(key_id);
+                }
                 if let Some(status) = query.status {
                     select.push(" AND status = ").push_bind(status.as_str());
                 }

@@ -130,10 +130,11 @@ pub struct Outcome {
     pub charge: Option<super::UsageRow>,
 }
 
-/// The page of a key's jobs [`JobStore::list`] returns: newest first.
+/// The page of jobs [`JobStore::list`] returns: newest first.
 #[derive(Debug, Clone, Default)]
 pub struct JobQuery {
-    pub key_id: i64,
+    /// Only this key's jobs (`None`: every key's, for the operator).
+    pub key_id: Option<i64>,
     pub status: Option<JobStatus>,
     /// Only jobs older than this one (the last id of the previous page).
     pub after: Option<String>,
@@ -178,7 +179,7 @@ pub trait JobStore: Send + Sync + 'static {
     /// Any key's job `id` (the operator's CLI).
     async fn any_job(&self, id: &str) -> Result<Option<JobRow>, StoreError>;
 
-    /// A page of the key's jobs, newest first.
+    /// A page of jobs, newest first.
     async fn list(&self, query: &JobQuery) -> Result<Vec<JobRow>, StoreError>;
 
     /// The key's queued and running jobs.

@@ -36,12 +36,14 @@ macro_rules! request_log_columns {
 mod shared;
 #[macro_use]
 mod job_sql;
+mod backend;
 mod columns;
 mod jobs;
 mod postgres;
 mod records;
 mod sqlite;
 
+pub use backend::Store;
 pub use columns::{now_unix, now_unix_ms};
 pub use jobs::{
     Inserted, JobQuery, JobRow, JobStatus, JobStore, NewJob, Outcome, Retention, Swept,
@@ -49,7 +51,7 @@ pub use jobs::{
 pub use postgres::PostgresStore;
 pub use records::{
     KeyChange, KeyRecord, KeySignals, LimitOverrides, LimitUpdate, RequestLogRow, RequestQuery,
-    SpendQuery, SpendRow, StatusMatch, Store, StoreError, UsageRow,
+    SpendQuery, SpendRow, StatusMatch, StoreError, UsageRow,
 };
 pub use sqlite::SqliteStore;
 

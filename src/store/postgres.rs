@@ -14,9 +14,10 @@ use super::columns::{
 };
 use futures_util::StreamExt as _;
 
+use super::Store;
 use super::records::{
     KeyChange, KeyRecord, KeySignals, LimitOverrides, LimitUpdate, RequestLogRow, RequestQuery,
-    SpendQuery, SpendRow, Store, StoreError, UsageRow,
+    SpendQuery, SpendRow, StoreError, UsageRow,
 };
 use crate::keys::NewKey;
 

@@ -7,13 +7,14 @@ use sqlx::SqlitePool;
 use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
+use super::Store;
 use super::columns::{
     KeySelector, LimitColumns, LogColumns, UpdateColumns, UsageColumns, convert, insert_error,
     now_unix, text_column,
 };
 use super::records::{
     KeyChange, KeyRecord, LimitOverrides, LimitUpdate, RequestLogRow, RequestQuery, SpendQuery,
-    SpendRow, Store, StoreError, UsageRow,
+    SpendRow, StoreError, UsageRow,
 };
 use crate::backoff::Backoff;
 use crate::keys::NewKey;

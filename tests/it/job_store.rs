@@ -96,7 +96,7 @@ async fn a_job_belongs_to_its_key(store: Arc<dyn Store>) {
     assert_eq!(jobs.pending(2).await.unwrap(), 0);
     assert!(
         jobs.list(&JobQuery {
-            key_id: 2,
+            key_id: Some(2),
             limit: 10,
             ..JobQuery::default()
         })
@@ -414,7 +414,7 @@ async fn pages_are_newest_first_and_filter_by_status(store: Arc<dyn Store>) {
     let jobs = store.jobs();
     jobs.cancel(1, "job_0002", T0).await.unwrap();
     let page = |after: Option<&str>, status| JobQuery {
-        key_id: 1,
+        key_id: Some(1),
         status,
         after: after.map(str::to_owned),
         limit: 2,

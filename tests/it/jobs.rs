@@ -144,7 +144,7 @@ async fn a_submission_is_checked_like_a_synchronous_call() {
             .store()
             .jobs()
             .list(&fleetgate::store::JobQuery {
-                key_id: 1,
+                key_id: Some(1),
                 limit: 10,
                 ..Default::default()
             })
