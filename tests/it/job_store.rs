@@ -77,6 +77,16 @@ job_store_tests![
     pages_are_newest_first_and_filter_by_status,
 ];
 
+/// A key of the store's own: the ledger's rows name one.
+async fn new_key(store: &dyn Store) -> i64 {
+    let key = fleetgate::keys::generate();
+    store
+        .create_key("k", None, &key, &LimitOverrides::default())
+        .await
+        .unwrap()
+        .id
+}
+
 async fn insert(store: &dyn Store, job: &NewJob) -> fleetgate::store::JobRow {
     match store.jobs().insert(job).await.unwrap() {
         Inserted::Created(row) => row,
@@ -205,16 +215,7 @@ async fn a_lapsed_lease_is_taken_over_by_a_new_attempt(store: Arc<dyn Store>) {
 }
 
 async fn an_end_and_its_charge_commit_together_once(store: Arc<dyn Store>) {
-    let key = store
-        .create_key(
-            "k",
-            None,
-            &fleetgate::keys::generate(),
-            &LimitOverrides::default(),
-        )
-        .await
-        .unwrap()
-        .id;
+    let key = new_key(&*store).await;
     insert(&*store, &job(key, 1, None)).await;
     let jobs = store.jobs();
     jobs.claim("a", T0, 30_000).await.unwrap().unwrap();
@@ -324,16 +325,7 @@ async fn concurrent_claimers_never_share_a_job(store: Arc<dyn Store>) {
 }
 
 async fn retention_expires_purges_and_deletes(store: Arc<dyn Store>) {
-    let key = store
-        .create_key(
-            "k",
-            None,
-            &fleetgate::keys::generate(),
-            &LimitOverrides::default(),
-        )
-        .await
-        .unwrap()
-        .id;
+    let key = new_key(&*store).await;
     let job =
         |key_id: i64, n: u32, ik: Option<&str>| job(if key_id == 1 { key } else { key_id }, n, ik);
     let jobs = store.jobs();

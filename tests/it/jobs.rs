@@ -56,11 +56,16 @@ async fn harvest_as(gw: &Gateway, key: &str, id: &str, query: &str) -> reqwest::
         .unwrap()
 }
 
-/// Long-polls until the job has ended (each poll waits up to 10 s); returns it.
+/// Long-polls until the job of the test key has ended (each poll waits up to 10 s).
 async fn ended(gw: &Gateway, id: &str) -> Value {
+    ended_as(gw, &gw.key, id).await
+}
+
+/// [`ended`] for a job of `key`.
+async fn ended_as(gw: &Gateway, key: &str, id: &str) -> Value {
     let since = Instant::now();
     loop {
-        let response = harvest_as(gw, &gw.key, id, "?wait=10").await;
+        let response = harvest_as(gw, key, id, "?wait=10").await;
         assert_eq!(response.status(), 200);
         let job: Value = response.json().await.unwrap();
         if !matches!(job["status"].as_str(), Some("queued" | "running")) {
@@ -68,6 +73,16 @@ async fn ended(gw: &Gateway, id: &str) -> Value {
         }
         assert!(since.elapsed() < 3 * WAIT, "job {id} never ended: {job}");
     }
+}
+
+/// `DELETE /v1/harvest/{id}` as `key`.
+async fn cancel_as(gw: &Gateway, key: &str, id: &str) -> reqwest::Response {
+    gw.client
+        .delete(format!("{}/v1/harvest/{id}", gw.url))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
 }
 
 /// A gateway whose jobs settings are `jobs` (TOML keys of `[jobs]`).
@@ -222,23 +237,8 @@ async fn a_run_is_admitted_against_the_budget_as_it_stands_when_it_runs() {
         );
     }
     assert_eq!(ended(&gw, &blocker).await["status"], "succeeded");
-    let harvest = |id: &str| {
-        let (gw, key, id) = (&gw, key.clone(), id.to_owned());
-        async move {
-            loop {
-                let job: Value = harvest_as(gw, &key, &id, "?wait=10")
-                    .await
-                    .json()
-                    .await
-                    .unwrap();
-                if !matches!(job["status"].as_str(), Some("queued" | "running")) {
-                    return job;
-                }
-            }
-        }
-    };
-    assert_eq!(harvest(&ids[0]).await["status"], "succeeded");
-    let second = harvest(&ids[1]).await;
+    assert_eq!(ended_as(&gw, &key, &ids[0]).await["status"], "succeeded");
+    let second = ended_as(&gw, &key, &ids[1]).await;
     assert_eq!(second["status"], "failed", "{second}");
     assert_eq!(
         second["error"]["error"]["code"], "budget_exceeded",
@@ -250,56 +250,26 @@ async fn a_run_is_admitted_against_the_budget_as_it_stands_when_it_runs() {
 #[tokio::test]
 async fn an_idempotency_key_returns_the_same_job_and_refuses_another_body() {
     let gw = Gateway::start().await;
-    let first = submit_as(
-        &gw,
-        &gw.key,
-        &body("same", 2),
-        &[("idempotency-key", "\"batch-7-item-1\"")],
-    )
-    .await;
+    let (_, other_key) = gw.create_key(LimitOverrides::default()).await;
+    let keyed = |key: &str, prompt: &str, idempotency_key: &'static str| {
+        let (gw, key, body) = (&gw, key.to_owned(), body(prompt, 2));
+        async move { submit_as(gw, &key, &body, &[("idempotency-key", idempotency_key)]).await }
+    };
+    const IKEY: &str = "\"batch-7-item-1\"";
+    let first = keyed(&gw.key, "same", IKEY).await;
     assert_eq!(first.status(), 202);
     let first: Value = first.json().await.unwrap();
-    let again = submit_as(
-        &gw,
-        &gw.key,
-        &body("same", 2),
-        &[("idempotency-key", "\"batch-7-item-1\"")],
-    )
-    .await;
+    let again = keyed(&gw.key, "same", IKEY).await;
     assert_eq!(again.status(), 200);
-    assert!(
-        again.headers()["location"]
-            .to_str()
-            .unwrap()
-            .ends_with(first["id"].as_str().unwrap())
-    );
+    let location = again.headers()["location"].to_str().unwrap().to_owned();
+    assert!(location.ends_with(first["id"].as_str().unwrap()));
     let again: Value = again.json().await.unwrap();
     assert_eq!(again["id"], first["id"]);
-    let other = submit_as(
-        &gw,
-        &gw.key,
-        &body("different", 2),
-        &[("idempotency-key", "\"batch-7-item-1\"")],
-    )
-    .await;
+    let other = keyed(&gw.key, "different", IKEY).await;
     expect_error(other, 422, "idempotency_key_reused").await;
     // Another key has idempotency keys of its own.
-    let (_, other_key) = gw.create_key(LimitOverrides::default()).await;
-    let theirs = submit_as(
-        &gw,
-        &other_key,
-        &body("different", 2),
-        &[("idempotency-key", "\"batch-7-item-1\"")],
-    )
-    .await;
-    assert_eq!(theirs.status(), 202);
-    let bad = submit_as(
-        &gw,
-        &gw.key,
-        &body("same", 2),
-        &[("idempotency-key", "\"\"")],
-    )
-    .await;
+    assert_eq!(keyed(&other_key, "different", IKEY).await.status(), 202);
+    let bad = keyed(&gw.key, "same", "\"\"").await;
     expect_error(bad, 400, "invalid_request").await;
     ended(&gw, first["id"].as_str().unwrap()).await;
     let ran = gw
@@ -316,13 +286,7 @@ async fn another_keys_job_is_not_found() {
     let id = submit(&gw, &body("mine", 2)).await;
     let (_, other) = gw.create_key(LimitOverrides::default()).await;
     expect_error(harvest_as(&gw, &other, &id, "").await, 404, "job_not_found").await;
-    let cancel = gw
-        .client
-        .delete(format!("{}/v1/harvest/{id}", gw.url))
-        .bearer_auth(&other)
-        .send()
-        .await
-        .unwrap();
+    let cancel = cancel_as(&gw, &other, &id).await;
     expect_error(cancel, 404, "job_not_found").await;
     let list: Value = gw
         .client
@@ -452,12 +416,7 @@ async fn too_many_long_polls_are_declined_with_a_jittered_retry_after() {
     let quick = harvest_as(&gw, &other, theirs["id"].as_str().unwrap(), "?wait=1").await;
     assert!(!quick.headers().contains_key("x-acs-longpoll"));
     // The waiting one is answered when its job ends: cancel it.
-    gw.client
-        .delete(format!("{}/v1/harvest/{id}", gw.url))
-        .bearer_auth(&gw.key)
-        .send()
-        .await
-        .unwrap();
+    cancel_as(&gw, &gw.key, &id).await;
     let answered = tokio::time::timeout(WAIT, waiting).await.unwrap().unwrap();
     assert_eq!(
         answered.json::<Value>().await.unwrap()["status"],
@@ -475,13 +434,7 @@ async fn too_many_long_polls_are_declined_with_a_jittered_retry_after() {
 async fn a_cancelled_queued_job_never_runs() {
     let gw = with_jobs(MockConfig::default(), "workers = 0").await;
     let id = submit(&gw, &body("cancel me", 2)).await;
-    let cancel = gw
-        .client
-        .delete(format!("{}/v1/harvest/{id}", gw.url))
-        .bearer_auth(&gw.key)
-        .send()
-        .await
-        .unwrap();
+    let cancel = cancel_as(&gw, &gw.key, &id).await;
     assert_eq!(cancel.status(), 200);
     let job: Value = cancel.json().await.unwrap();
     assert_eq!(job["status"], "cancelled");
@@ -498,16 +451,7 @@ async fn a_cancelled_running_job_stops_upstream_and_ends_cancelled() {
         .await
         .unwrap();
     let cancelled_at = Instant::now();
-    let cancel: Value = gw
-        .client
-        .delete(format!("{}/v1/harvest/{id}", gw.url))
-        .bearer_auth(&gw.key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let cancel: Value = cancel_as(&gw, &gw.key, &id).await.json().await.unwrap();
     assert_eq!(cancel["status"], "running");
     assert_eq!(cancel["cancel_requested"], true);
     let job = ended(&gw, &id).await;
@@ -532,12 +476,7 @@ async fn jobs_are_listed_newest_first_by_page_and_status() {
     for n in 0..3 {
         ids.push(submit(&gw, &body(&format!("p{n}"), 1)).await);
     }
-    gw.client
-        .delete(format!("{}/v1/harvest/{}", gw.url, ids[0]))
-        .bearer_auth(&gw.key)
-        .send()
-        .await
-        .unwrap();
+    cancel_as(&gw, &gw.key, &ids[0]).await;
     let page: Value = gw.get_json("/v1/harvest?limit=2").await;
     assert_eq!(page["object"], "list");
     assert_eq!(page["data"][0]["id"], ids[2].as_str());
