@@ -690,6 +690,13 @@ impl Config {
                 "jobs.lease_ms must be at least 300, jobs.poll_interval_ms and sweep_interval_ms at least 1".into(),
             );
         }
+        if jobs.max_waiters > jobs::MAX_WAITERS {
+            return invalid(format!(
+                "jobs.max_waiters must be at most {} (got {})",
+                jobs::MAX_WAITERS,
+                jobs.max_waiters
+            ));
+        }
         if jobs.max_attempts == 0 || jobs.run_timeout_ms == 0 {
             return invalid("jobs.max_attempts and jobs.run_timeout_ms must be at least 1".into());
         }

@@ -201,8 +201,9 @@ pub struct JobDoc {
     /// with its `usage`. Deleted 24 h after the end.
     #[schema(value_type = Option<Object>)]
     result: Option<serde_json::Value>,
-    /// When `failed`: the error envelope a synchronous call would have got. Deleted
-    /// 24 h after the end.
+    /// When `failed`: the error envelope a synchronous call would have got (deleted 24 h
+    /// after the end). When `cancelled` or `expired`: an envelope with code
+    /// `job_cancelled` or `job_expired`.
     error: Option<ErrorEnvelopeDoc>,
 }
 
@@ -231,7 +232,7 @@ pub struct ErrorEnvelopeDoc {
 #[derive(ToSchema)]
 #[schema(as = Error)]
 pub struct ErrorDoc {
-    /// Machine-readable code: `invalid_request`, `model_not_found`, `chat_completions_unsupported`, `full_vocab_prompt_too_long`, `invalid_api_key`, `not_found`, `method_not_allowed`, `request_timeout`, `request_too_large`, `rate_limited`, `queue_full`, `budget_exceeded`, `admission_unavailable`, `store_unavailable`, `job_not_found`, `idempotency_key_reused`, `key_not_found` and `invalid_config` (admin), `upstream_bad_request`, `upstream_error`, `upstream_unavailable`, `internal_error`.
+    /// Machine-readable code: `invalid_request`, `model_not_found`, `chat_completions_unsupported`, `full_vocab_prompt_too_long`, `invalid_api_key`, `not_found`, `method_not_allowed`, `request_timeout`, `request_too_large`, `rate_limited`, `queue_full`, `budget_exceeded`, `admission_unavailable`, `store_unavailable`, `job_not_found`, `idempotency_key_reused`, `job_cancelled` and `job_expired` (in a job's `error`), `key_not_found` and `invalid_config` (admin), `upstream_bad_request`, `upstream_error`, `upstream_unavailable`, `internal_error`.
     code: String,
     message: String,
     /// `invalid_request_error`, `authentication_error`, `rate_limit_error` or `server_error`.

@@ -157,6 +157,7 @@ pub async fn serve(
     let connections = state.config().connections.clone();
     let metrics = state.metrics().clone();
     let workers = jobs::Workers::start(state.clone());
+    let cut_jobs = workers.cutter();
     let jobs_hub = state.jobs().clone();
     let stop_upkeep = tokio_util::sync::CancellationToken::new();
     let sweep = tokio::spawn(jobs::upkeep::sweep(state.clone(), stop_upkeep.clone()));
@@ -192,6 +193,8 @@ pub async fn serve(
                 tokio::time::sleep(grace).await;
             } => {
                 tracing::warn!(grace_ms = grace.as_millis() as u64, "in-flight requests did not finish within the shutdown grace period; cutting them");
+                // Job runs first: cut by their workers they are queued again.
+                cut_jobs.cut().await;
                 draining.cancel();
                 // Cut connections close at once; requests still waiting in a queue hold
                 // nothing worth waiting for.

@@ -105,6 +105,22 @@ pub enum UpstreamError {
     Unexpected { url: String, what: String },
 }
 
+impl UpstreamError {
+    /// Whether the request provably never left: the connection to the node could not
+    /// be made. (A connection that failed later may have delivered the request.)
+    pub fn never_sent(&self) -> bool {
+        let Self::Unreachable { source, .. } = self else {
+            return false;
+        };
+        if let Some(err) = source.downcast_ref::<h1::Error>() {
+            return matches!(err, h1::Error::Connect(_) | h1::Error::ConnectTimeout(_));
+        }
+        source
+            .downcast_ref::<reqwest::Error>()
+            .is_some_and(reqwest::Error::is_connect)
+    }
+}
+
 impl From<UpstreamError> for ApiError {
     fn from(err: UpstreamError) -> Self {
         tracing::warn!(error = %err, "upstream failure");

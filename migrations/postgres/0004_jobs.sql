@@ -12,7 +12,6 @@ CREATE TABLE jobs (
     key_id            BIGINT  NOT NULL,
     model             TEXT    NOT NULL,
     status            TEXT    NOT NULL,
-    custom_id         TEXT,
     idempotency_key   TEXT,
     request_hash      BYTEA   NOT NULL,
     request           BYTEA,

@@ -12,7 +12,6 @@ CREATE TABLE jobs (
     key_id            INTEGER NOT NULL,
     model             TEXT    NOT NULL,
     status            TEXT    NOT NULL,
-    custom_id         TEXT,
     idempotency_key   TEXT,
     request_hash      BLOB    NOT NULL,
     request           BLOB,

@@ -167,7 +167,9 @@ impl Limiter for LocalLimiter {
         self.seed(key, month).await?;
         let mut keys = self.lock();
         let state = keys.entry(key).or_default();
-        state.check_rate(limits.requests_per_minute, Instant::now())?;
+        if limits.requests_per_minute > 0 {
+            state.check_rate(limits.requests_per_minute, Instant::now())?;
+        }
         let admitted = if state.queue.is_empty() && state.has_free_slot(limits) {
             state
                 .start(limits, cost, lease, month)

@@ -40,7 +40,9 @@ pub(crate) const QUEUE_PLACE_GONE: &str =
 pub struct KeyLimits {
     /// Prompt + completion tokens per calendar month (UTC).
     pub monthly_budget: u64,
-    /// Request starts per minute; a burst of this many is allowed.
+    /// Request starts per minute; a burst of this many is allowed. 0: the start is not
+    /// counted against the rate at all ([`KeyLimits::without_rate`]; a configured rate
+    /// is at least 1).
     pub requests_per_minute: u32,
     /// Requests running at once.
     pub max_concurrent: u32,
@@ -49,6 +51,15 @@ pub struct KeyLimits {
 }
 
 impl KeyLimits {
+    /// These limits for a start that does not count against the key's rate (a job's
+    /// run: its submission did); slots and budget apply as ever.
+    pub fn without_rate(self) -> Self {
+        Self {
+            requests_per_minute: 0,
+            ..self
+        }
+    }
+
     /// The key's overrides over the configured defaults.
     pub fn resolve(defaults: &LimitDefaults, own: &LimitOverrides) -> Self {
         Self {

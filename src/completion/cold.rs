@@ -147,8 +147,8 @@ async fn run(
     };
     // Leaving `run` (client gone, shutdown) drops the settlement, which settles.
     let response = match keep_alive.hold(job.run(settlement)).await {
-        Held::Done((Ok(response), _)) => response,
-        Held::Done((Err(err), _)) => return fail(err).await,
+        Held::Done((Ok(response), _, _)) => response,
+        Held::Done((Err(err), _, _)) => return fail(err).await,
         Held::Gone => return,
         Held::Draining => return fail(shutting_down()).await,
     };

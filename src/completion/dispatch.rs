@@ -33,7 +33,16 @@ pub struct Dispatched {
 pub struct Failed {
     pub error: ApiError,
     pub upstream: Option<Arc<Node>>,
+    /// Whether a node may have received the request (and run it): false when none was
+    /// reached, a connection could not be made, or the node answered 503 at once.
+    pub sent: bool,
 }
+
+/// Marks an error response (as an extension) whose request provably reached no node:
+/// refused before dispatch, or a dispatch that sent nothing (see [`Failed::sent`]).
+/// Running such a request again cannot run it twice.
+#[derive(Debug, Clone, Copy)]
+pub struct NotSent;
 
 /// How long a non-streaming request may wait for its answer.
 #[derive(Clone, Copy)]
@@ -50,6 +59,8 @@ pub async fn dispatch(
     window: Window,
 ) -> Result<Dispatched, Failed> {
     let mut failed: Option<(Arc<Node>, ApiError)> = None;
+    // Whether a node may have received the request: see [`Failed::sent`].
+    let mut reached = false;
     // One window for the request, failover included.
     let deadline = window.0.map(|w| tokio::time::Instant::now() + w);
     loop {
@@ -60,6 +71,7 @@ pub async fn dispatch(
                 return Err(Failed {
                     error: super::draining::shutting_down(),
                     upstream: failed.map(|(u, _)| u),
+                    sent: reached,
                 });
             }
         };
@@ -79,7 +91,11 @@ pub async fn dispatch(
                     Some((upstream, _)) => (no_node.into_error(&model.id), Some(upstream)),
                     None => (no_node.into_error(&model.id), None),
                 };
-                return Err(Failed { error, upstream });
+                return Err(Failed {
+                    error,
+                    upstream,
+                    sent: reached,
+                });
             }
         };
         let upstream = Arc::clone(in_flight.upstream());
@@ -93,6 +109,7 @@ pub async fn dispatch(
                 return Err(Failed {
                     error: stopped_answering(),
                     upstream: Some(upstream),
+                    sent: reached,
                 });
             }
             failed = Some((upstream, stopped_answering()));
@@ -121,6 +138,7 @@ pub async fn dispatch(
                 return Err(Failed {
                     error: stopped_answering(),
                     upstream: Some(upstream),
+                    sent: true,
                 });
             }
         };
@@ -136,10 +154,12 @@ pub async fn dispatch(
                 return Err(Failed {
                     error: ApiError::UpstreamDeadline { window_secs },
                     upstream: Some(upstream),
+                    sent: true,
                 });
             }
             Some(Err(err)) => {
                 metrics.outcome(UpstreamOutcome::Unreachable);
+                reached |= !err.never_sent();
                 ApiError::from(err)
             }
             Some(Ok(response)) if response.status() == StatusCode::SERVICE_UNAVAILABLE => {
@@ -164,6 +184,7 @@ pub async fn dispatch(
             return Err(Failed {
                 error: never_started,
                 upstream: Some(upstream),
+                sent: reached,
             });
         }
         tracing::info!(model = %model.id, gpu = %upstream.gpu, "request never started on the node; failing over");

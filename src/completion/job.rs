@@ -28,11 +28,12 @@ pub(super) struct Job<'a> {
 
 impl Job<'_> {
     /// Dispatches to a node and relays its answer; also returns the node that ran (or
-    /// failed) the request.
+    /// failed) the request, and whether a node may have received it (see
+    /// [`dispatch::Failed::sent`]; true once an answer is relayed).
     pub(super) async fn run(
         &self,
         mut settlement: Settlement,
-    ) -> (Result<Response, ApiError>, Option<Arc<Node>>) {
+    ) -> (Result<Response, ApiError>, Option<Arc<Node>>, bool) {
         let dispatched = match dispatch::dispatch(
             self.state,
             self.model,
@@ -46,7 +47,7 @@ impl Job<'_> {
             Ok(dispatched) => dispatched,
             Err(failed) => {
                 settlement.release_unused().await;
-                return (Err(failed.error), failed.upstream);
+                return (Err(failed.error), failed.upstream, failed.sent);
             }
         };
         let Dispatched {
@@ -70,6 +71,6 @@ impl Job<'_> {
         )
         .instrument(span)
         .await;
-        (relayed, Some(upstream))
+        (relayed, Some(upstream), true)
     }
 }

@@ -14,14 +14,16 @@ use tracing::Instrument;
 
 use super::admit;
 use super::cold;
-use super::dispatch::{self, Window};
+use super::dispatch::{self, NotSent, Window};
 use super::draining::unless_draining;
 use super::job::Job;
 use super::plan::{DeadlineFit, Plan, PlanError, Planner};
 use super::request::CompletionRequest;
 use super::settle::Settlement;
-use crate::admission::KeyLimits;
-use crate::contract::{X_ACS_MAX_TOKENS_CLAMPED, X_ACS_UPSTREAM_GPU, X_ACS_UPSTREAM_MODEL};
+use crate::admission::{Cost, KeyLimits};
+use crate::contract::{
+    MAX_OUTPUT_WORK, X_ACS_MAX_TOKENS_CLAMPED, X_ACS_UPSTREAM_GPU, X_ACS_UPSTREAM_MODEL,
+};
 use crate::error::ApiError;
 use crate::fleet::{Model, NoNode, Node};
 use crate::http::auth::Caller;
@@ -113,7 +115,16 @@ pub async fn complete(
     // stands in only when that node failed it (counting tokens). The gateway's own
     // refusals (limits, budget, admission, store) name no node: nothing went upstream.
     let node_failed = result.as_ref().err().is_none_or(ApiError::from_upstream);
-    let mut response = result.unwrap_or_else(IntoResponse::into_response);
+    let mut response = match result {
+        Ok(response) => response,
+        // Refused before dispatch (planning, admission, a wake that failed): no node
+        // has the request.
+        Err(err) => {
+            let mut response = err.into_response();
+            response.extensions_mut().insert(NotSent);
+            response
+        }
+    };
     for (name, value) in tags {
         if name == X_ACS_UPSTREAM_GPU && !node_failed {
             continue;
@@ -202,13 +213,16 @@ impl Facts {
 }
 
 /// Plans the request (its `max_tokens`, the prompt tokens it may cost), with the tokens
-/// counted by `facts`' node; `facts` follows the node that counted.
+/// counted by `facts`' node; `facts` follows the node that counted. A count that needs
+/// a node while none is up waits for the model's boot, or, unless `may_wake`, fails
+/// with `upstream_unavailable`.
 async fn plan(
     state: &AppState,
     request: &CompletionRequest<'_>,
     model: &Model,
     facts: &mut Facts,
     window: Option<Duration>,
+    may_wake: bool,
 ) -> Result<Plan, ApiError> {
     // Each node found dead while counting tokens is replaced once by another.
     let mut attempts = model.node_count() + 1;
@@ -230,6 +244,9 @@ async fn plan(
                 Err(PlanError::Refused(err)) => return Err(err),
                 // Counting needs the booting model's tokenizer: nothing has been sent to
                 // the client yet, so wait for the boot here.
+                Err(PlanError::NoNodeToCount) if !may_wake => {
+                    return Err(NoNode::NoneUp.into_error(&model.id));
+                }
                 Err(PlanError::NoNodeToCount) => *facts = Facts::after_boot(state, model).await?,
                 Err(PlanError::NodeLost) if attempts > 1 => {
                     attempts -= 1;
@@ -263,14 +280,37 @@ pub async fn admissible(
     window: Option<Duration>,
 ) -> Result<(), ApiError> {
     let Checked { request, model } = checked;
-    let mut facts = Facts::learn(state, model).await?;
-    let plan = plan(state, request, model, &mut facts, window).await?;
+    // Never a boot for a submission: with no node up, the checks that need one (the
+    // prompt's exact tokens, the context) wait for the run; admission takes the worst
+    // case.
+    let facts = match Facts::ask_nodes(state, model).await? {
+        Some(facts) => Some(facts),
+        None => model.served().map(|served| Facts { node: None, served }),
+    };
+    let cost = match facts {
+        Some(mut facts) => match plan(state, request, model, &mut facts, window, false).await {
+            Ok(plan) => plan.cost,
+            Err(err) if facts.node.is_none() && err.from_upstream() => worst_case(request),
+            Err(err) => return Err(err),
+        },
+        None => worst_case(request),
+    };
     unless_backlogged(state)?;
     let key = &caller.0;
     let limits = KeyLimits::resolve(&state.config().limits, &key.limits);
-    admit::check(state, key.id, &limits, &plan.cost, request_id)
+    admit::check(state, key.id, &limits, &cost, request_id)
         .instrument(tracing::debug_span!("admit"))
         .await
+}
+
+/// What a request may cost at most, known without a node: its prompts' upper bounds
+/// and its `max_tokens` (the most any request may generate when it names none).
+fn worst_case(request: &CompletionRequest<'_>) -> Cost {
+    Cost {
+        prompt_tokens: request.prompt().token_upper_bounds().iter().sum(),
+        fan_out: request.prompt_count().saturating_mul(request.n()),
+        max_tokens: request.max_tokens().unwrap_or(MAX_OUTPUT_WORK),
+    }
 }
 
 /// plan → admit → dispatch → relay.
@@ -286,13 +326,12 @@ async fn forward(
     mode: Mode<'_>,
 ) -> Result<Response, ApiError> {
     let window = if request.stream() { None } else { mode.window };
-    let plan = plan(state, request, model, &mut facts, window).await?;
+    let plan = plan(state, request, model, &mut facts, window, true).await?;
     unless_backlogged(state)?;
     let key = &caller.0;
     let mut limits = KeyLimits::resolve(&state.config().limits, &key.limits);
     if !mode.counts_rate {
-        // A rate no start can reach: slots and budget are checked as for any request.
-        limits.requests_per_minute = u32::MAX;
+        limits = limits.without_rate();
     }
     let grant = admit::admit(state, key.id, &limits, &plan.cost, request_id)
         .instrument(tracing::debug_span!("admit"))
@@ -346,8 +385,11 @@ async fn forward(
         affinity,
         window: Window(window),
     };
-    let (result, upstream) = job.run(settlement).await;
+    let (result, upstream, sent) = job.run(settlement).await;
     let mut response = result.unwrap_or_else(IntoResponse::into_response);
+    if !sent {
+        response.extensions_mut().insert(NotSent);
+    }
     let headers = response.headers_mut();
     if let Some(gpu) = upstream.and_then(|u| HeaderValue::from_str(&u.gpu).ok()) {
         headers.insert(X_ACS_UPSTREAM_GPU, gpu);

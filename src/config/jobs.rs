@@ -12,16 +12,17 @@ pub struct JobSettings {
     /// Jobs this replica runs at once (0: it runs none, it only takes submissions).
     #[serde(default = "default_workers")]
     pub workers: u32,
-    /// A claimed job's lease; renewed every third of it while it runs. A replica that
-    /// dies holds its jobs this long before another takes them over.
+    /// A claimed job's lease; renewed every third of it (at least every second) while it
+    /// runs. A replica that dies holds its jobs this long before another takes them over.
     #[serde(default = "default_lease_ms")]
     pub lease_ms: u64,
     /// How often an idle worker looks for a job another replica queued (jobs queued
     /// here wake it at once).
     #[serde(default = "default_poll_interval_ms")]
     pub poll_interval_ms: u64,
-    /// Runs of one job before it fails (runs that never reached a node, and runs taken
-    /// over after a replica died, each count).
+    /// Runs of one job before it fails: every run started counts (one that never
+    /// reached a node and is retried, one cut by a shutdown, one taken over after its
+    /// replica died).
     #[serde(default = "default_max_attempts")]
     pub max_attempts: u32,
     /// The longest a run may take upstream (a job has no client waiting on it, so the
@@ -31,8 +32,9 @@ pub struct JobSettings {
     /// Queued and running jobs a key may have; more submissions get 429 `queue_full`.
     #[serde(default = "default_max_pending_per_key")]
     pub max_pending_per_key: u32,
-    /// Long-polls (`GET /v1/harvest/{id}?wait=`) waiting at once on this replica, and
-    /// per key; beyond them a harvest answers at once with `X-Acs-Longpoll: declined`.
+    /// Long-polls (`GET /v1/harvest/{id}?wait=`) waiting at once on this replica (at most
+    /// 10,000), and per key; beyond them a harvest answers at once with
+    /// `X-Acs-Longpoll: declined`.
     #[serde(default = "default_max_waiters")]
     pub max_waiters: u32,
     #[serde(default = "default_max_waiters_per_key")]
@@ -70,6 +72,10 @@ impl Default for JobSettings {
         }
     }
 }
+
+/// The most long-polls one replica may hold: the jobs they wait for are looked up in one
+/// statement, one bound parameter each (SQLite allows 32,766).
+pub const MAX_WAITERS: u32 = 10_000;
 
 impl JobSettings {
     /// The `*_ms` settings by name, for the config's bounds check.

@@ -193,9 +193,7 @@ pub async fn cancel(
         JobStatus::Cancelled => state.jobs().ended(&id),
         // Its worker, if it is here, stops now; one elsewhere sees the flag at its
         // next lease renewal.
-        JobStatus::Running => {
-            state.jobs().cancel_here(&id);
-        }
+        JobStatus::Running => state.jobs().cancel_here(&id),
         _ => {}
     }
     tracing::info!(job_id = %id, status = row.status().as_str(), "job cancel asked");

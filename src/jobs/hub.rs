@@ -20,7 +20,8 @@ struct Inner {
     max_waiters: u32,
     max_waiters_per_key: u32,
     waiting: Mutex<Waiting>,
-    running: Mutex<HashMap<String, CancellationToken>>,
+    /// Per job running here: its attempt and what stops its run.
+    running: Mutex<HashMap<String, (i64, CancellationToken)>>,
     queued: Notify,
     stopping: CancellationToken,
 }
@@ -63,7 +64,7 @@ impl JobHub {
         self.0.waiting.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn running(&self) -> MutexGuard<'_, HashMap<String, CancellationToken>> {
+    fn running(&self) -> MutexGuard<'_, HashMap<String, (i64, CancellationToken)>> {
         self.0.running.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -101,23 +102,23 @@ impl JobHub {
         self.waiting().jobs.keys().cloned().collect()
     }
 
-    /// Marks job `id` as running here; `cancel` stops its run.
-    pub fn running_here(&self, id: &str, cancel: CancellationToken) {
-        self.running().insert(id.to_owned(), cancel);
+    /// Marks `attempt` of job `id` as running here; `cancel` stops its run.
+    pub fn running_here(&self, id: &str, attempt: i64, cancel: CancellationToken) {
+        self.running().insert(id.to_owned(), (attempt, cancel));
     }
 
-    pub fn not_running_here(&self, id: &str) {
-        self.running().remove(id);
+    /// `attempt` of job `id` has stopped (a later attempt of it here stays marked).
+    pub fn not_running_here(&self, id: &str, attempt: i64) {
+        let mut running = self.running();
+        if running.get(id).is_some_and(|(a, _)| *a == attempt) {
+            running.remove(id);
+        }
     }
 
-    /// Stops the run of job `id` if it runs here; whether it did.
-    pub fn cancel_here(&self, id: &str) -> bool {
-        match self.running().get(id) {
-            Some(cancel) => {
-                cancel.cancel();
-                true
-            }
-            None => false,
+    /// Stops the run of job `id` if it runs here.
+    pub fn cancel_here(&self, id: &str) {
+        if let Some((_, cancel)) = self.running().get(id) {
+            cancel.cancel();
         }
     }
 

@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admission::Month;
 use crate::backoff::Backoff;
+use crate::completion::dispatch::{NotSent, stopped_answering};
 use crate::completion::pipeline::{self, Checked, Mode};
 use crate::contract::X_ACS_WORKLOAD;
 use crate::error::{ApiError, ErrorBody};
@@ -43,8 +44,7 @@ const MAX_RESULT_BYTES: usize = 64 << 20;
 const MAX_RENEW_EVERY: Duration = Duration::from_secs(1);
 /// Between runs of a job that never reached a node.
 const RETRY: Backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
-/// Writing a run's end when the store fails: this many tries.
-const FINISH_ATTEMPTS: u32 = 8;
+/// Between tries to write a run's end while the store fails.
 const FINISH_RETRY: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
 
 /// How the pipeline answered a run.
@@ -54,6 +54,9 @@ enum Answer {
         status: StatusCode,
         error: ErrorBody,
         retry_after: Option<Duration>,
+        /// Whether no node can have received the request (see
+        /// [`crate::completion::dispatch::NotSent`]): only then may it run again.
+        not_sent: bool,
     },
 }
 
@@ -76,7 +79,7 @@ pub async fn run(
     let _running = state.metrics().job_running();
     let hub = state.jobs().clone();
     let cancel = CancellationToken::new();
-    hub.running_here(&job.id, cancel.clone());
+    hub.running_here(&job.id, job.attempts, cancel.clone());
     let stop = if job.cancel_requested != 0 {
         Stop::Cancelled
     } else if job.attempts > i64::from(state.config().jobs.max_attempts) {
@@ -84,8 +87,8 @@ pub async fn run(
     } else {
         supervise(&state, &job, &cancel, &cut).await
     };
-    hub.not_running_here(&job.id);
-    conclude(&state, &job, stop).await;
+    hub.not_running_here(&job.id, job.attempts);
+    conclude(&state, &job, stop, &cut).await;
 }
 
 /// The run, its lease renewed, until it answers or is stopped.
@@ -102,6 +105,11 @@ async fn supervise(
     tokio::pin!(answer);
     let mut renewals = tokio::time::interval(renew_every);
     renewals.tick().await;
+    // The lease as last confirmed by the store. Once it is about to lapse unrenewed (a
+    // store this replica cannot reach), the run stops: another replica may take the job
+    // over, and two runs must not overlap.
+    let mut held_until = job.lease_until_ms.unwrap_or(0);
+    let margin = lease_ms / 3;
     loop {
         tokio::select! {
             answer = &mut answer => return Stop::Answered(answer),
@@ -110,9 +118,13 @@ async fn supervise(
             _ = renewals.tick() => {
                 let until = now_unix_ms().saturating_add(lease_ms);
                 match state.store().jobs().renew(&job.id, job.attempts, until).await {
-                    Ok(Some(false)) => {}
+                    Ok(Some(false)) => held_until = until,
                     Ok(Some(true)) => return Stop::Cancelled,
                     Ok(None) => return Stop::Lost,
+                    Err(err) if now_unix_ms() >= held_until.saturating_sub(margin) => {
+                        tracing::warn!(job_id = %job.id, error = %err, "could not renew a job's lease before it lapses; stopping its run");
+                        return Stop::Lost;
+                    }
                     // The lease still runs; the next renewal tries again.
                     Err(err) => tracing::warn!(job_id = %job.id, error = %err, "could not renew a job's lease"),
                 }
@@ -133,6 +145,7 @@ async fn attempt(state: &AppState, job: &JobRow) -> Answer {
             Answer::Failed {
                 error,
                 retry_after: Some(wait),
+                not_sent: true,
                 ..
             } if matches!(error.code, "queue_full" | "rate_limited") => {
                 tokio::time::sleep(*wait).await;
@@ -188,7 +201,7 @@ async fn answer(state: &AppState, job: &JobRow, request_id: &str) -> Answer {
     match &answer {
         Answer::Succeeded(_) => record.set_outcome(200, None),
         Answer::Failed { status, error, .. } => {
-            record.set_outcome(status.as_u16(), Some(error.code))
+            record.set_outcome(status.as_u16(), Some(error.code));
         }
     }
     record.release();
@@ -204,24 +217,28 @@ async fn read(response: Response) -> Answer {
             .get(header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
             .map(Duration::from_secs);
+        let not_sent = response.extensions().get::<NotSent>().is_some();
         return Answer::Failed {
             status,
             error,
             retry_after,
+            not_sent,
         };
     }
     match axum::body::to_bytes(response.into_body(), MAX_RESULT_BYTES).await {
         Ok(body) => match in_body_error(&body) {
             // After a cold boot the 200 was committed and the error came in the body.
+            // The node may have had the request by then.
             Some(error) => Answer::Failed {
                 status: StatusCode::BAD_GATEWAY,
                 error,
                 retry_after: None,
+                not_sent: false,
             },
             None => Answer::Succeeded(body),
         },
         // The node stopped answering mid-body (or the body was over the limit).
-        Err(_) => failed(crate::completion::dispatch::stopped_answering()),
+        Err(_) => failed(stopped_answering()),
     }
 }
 
@@ -278,16 +295,18 @@ fn failed(error: ApiError) -> Answer {
         status,
         error,
         retry_after: None,
+        not_sent: false,
     }
 }
 
-/// A job whose runs were all cut short (its replica died or stopped each time).
+/// A job started `runs` times without an end: each run was cut short (its server
+/// stopped or died) or refused before it had a node.
 fn abandoned(runs: i64) -> Answer {
     failed(ApiError::UpstreamRejected {
         status: StatusCode::BAD_GATEWAY,
         kind: "upstream_error",
         message: format!(
-            "This job was started {runs} times and each run was cut short (the server running it stopped); it is not started again."
+            "This job was started {runs} times without finishing (each run was cut short, or no node could take it); it is not started again."
         ),
     })
 }
@@ -303,17 +322,10 @@ async fn caller(state: &AppState, key_id: i64) -> Option<Caller> {
     key.filter(|key| key.is_active()).map(Caller)
 }
 
-/// Whether a failed run never reached a node, so that running it again cannot run it
-/// twice.
-fn never_reached_a_node(code: &str) -> bool {
-    matches!(
-        code,
-        "upstream_unavailable" | "admission_unavailable" | "store_unavailable"
-    )
-}
-
-/// Writes how the run ended (fenced by its attempt) and wakes the long-polls.
-async fn conclude(state: &AppState, job: &JobRow, stop: Stop) {
+/// Writes how the run ended (fenced by its attempt) and wakes the long-polls. The end
+/// is written however long the store takes to come back (until shutdown cuts it):
+/// giving up would throw a finished result away and run the job again.
+async fn conclude(state: &AppState, job: &JobRow, stop: Stop, cut: &CancellationToken) {
     let metrics = state.metrics();
     let jobs = state.store().jobs();
     let now = now_unix_ms();
@@ -325,22 +337,23 @@ async fn conclude(state: &AppState, job: &JobRow, stop: Stop) {
         }
         Stop::Cut => {
             metrics.job_run("requeued");
-            if let Err(err) = jobs.requeue(&job.id, job.attempts, now).await {
+            if let Err(err) = jobs.requeue(&job.id, job.attempts, now, now).await {
                 // Its lease lapses and another worker takes it over.
                 tracing::warn!(job_id = %job.id, error = %err, "could not queue a cut job again");
             }
             return;
         }
-        Stop::Answered(Answer::Failed { error, .. })
-            if never_reached_a_node(error.code)
-                && job.attempts < i64::from(state.config().jobs.max_attempts) =>
-        {
+        Stop::Answered(Answer::Failed {
+            error,
+            not_sent: true,
+            ..
+        }) if job.attempts < i64::from(state.config().jobs.max_attempts) => {
             metrics.job_run("retried");
             let attempt = u32::try_from(job.attempts).unwrap_or(u32::MAX);
             let pause = RETRY.after(attempt);
             let due = now.saturating_add(i64::try_from(pause.as_millis()).unwrap_or(i64::MAX));
             tracing::info!(job_id = %job.id, attempt, code = error.code, "job never reached a node; retrying later");
-            if let Err(err) = jobs.requeue(&job.id, job.attempts, due).await {
+            if let Err(err) = jobs.requeue(&job.id, job.attempts, due, now).await {
                 tracing::warn!(job_id = %job.id, error = %err, "could not queue a job again");
             }
             return;
@@ -390,7 +403,7 @@ async fn conclude(state: &AppState, job: &JobRow, stop: Stop) {
         }
     };
     let mut pauses = FINISH_RETRY.pauses();
-    for _ in 0..FINISH_ATTEMPTS {
+    loop {
         match jobs.finish(&job.id, job.attempts, &outcome, now).await {
             Ok(true) => {
                 metrics.job_run(outcome.status.as_str());
@@ -405,11 +418,16 @@ async fn conclude(state: &AppState, job: &JobRow, stop: Stop) {
             }
             Err(err) => {
                 tracing::warn!(job_id = %job.id, error = %err, "could not write a job's end; retrying");
-                tokio::time::sleep(pauses.next_pause()).await;
+                tokio::select! {
+                    () = tokio::time::sleep(pauses.next_pause()) => {}
+                    () = cut.cancelled() => {
+                        tracing::error!(job_id = %job.id, "shutting down before a job's end could be written; it runs again when its lease lapses");
+                        return;
+                    }
+                }
             }
         }
     }
-    tracing::error!(job_id = %job.id, "could not write a job's end; it runs again when its lease lapses");
 }
 
 /// `usage.prompt_tokens` and `usage.completion_tokens` of a completion body.

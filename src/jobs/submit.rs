@@ -85,7 +85,6 @@ pub async fn submit(
         id: format!("job_{}", uuid::Uuid::now_v7().simple()),
         key_id: key,
         model: checked.model.id.clone(),
-        custom_id: None,
         idempotency_key: idempotency_key.clone(),
         request_hash: request_hash.clone(),
         request: body.to_vec(),

@@ -1,11 +1,15 @@
 //! The job object clients see: `GET /v1/harvest/{id}`, the answer to a submission, and
 //! the items of `GET /v1/harvest`. Its `result` is the exact body vLLM produced and its
-//! `error` the exact envelope a synchronous call would have got, embedded as they are.
+//! `error` the exact envelope a synchronous call would have got, embedded as they are;
+//! a job cancelled or expired has an envelope saying so (`job_cancelled`,
+//! `job_expired`).
 
 use serde::Serialize;
 use serde_json::value::RawValue;
 
 use crate::config::JobSettings;
+use crate::error::ErrorBody;
+use crate::http::envelope::envelope_json;
 use crate::store::{JobRow, JobStatus};
 
 /// `object` of a job.
@@ -17,8 +21,6 @@ pub struct JobView<'a> {
     pub object: &'static str,
     pub status: JobStatus,
     pub model: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub custom_id: Option<&'a str>,
     /// Unix seconds.
     pub created_at: i64,
     pub started_at: Option<i64>,
@@ -34,7 +36,7 @@ pub struct JobView<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub result: Option<&'a RawValue>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<&'a RawValue>,
+    pub error: Option<Box<RawValue>>,
 }
 
 impl<'a> JobView<'a> {
@@ -53,12 +55,17 @@ impl<'a> JobView<'a> {
             .and_then(|bytes| std::str::from_utf8(bytes).ok())
             .and_then(|text| serde_json::from_str::<&RawValue>(text).ok());
         let succeeded = status == JobStatus::Succeeded;
+        let error = match status {
+            JobStatus::Failed => body.map(RawValue::to_owned),
+            // Ended without a run's answer: an envelope that says how.
+            JobStatus::Cancelled | JobStatus::Expired => ended_without_answer(row, status),
+            _ => None,
+        };
         Self {
             id: &row.id,
             object: OBJECT,
             status,
             model: &row.model,
-            custom_id: row.custom_id.as_deref(),
             created_at: seconds(row.created_at_ms),
             started_at: row.started_at_ms.map(seconds),
             finished_at: row.finished_at_ms.map(seconds),
@@ -66,9 +73,31 @@ impl<'a> JobView<'a> {
             attempts: row.attempts,
             cancel_requested: status == JobStatus::Running && row.cancel_requested != 0,
             result: body.filter(|_| succeeded),
-            error: body.filter(|_| !succeeded),
+            error,
         }
     }
+}
+
+/// The envelope of a job cancelled or expired (`job_cancelled`, `job_expired`), with
+/// the job's id as its request id.
+fn ended_without_answer(row: &JobRow, status: JobStatus) -> Option<Box<RawValue>> {
+    let (code, message) = match status {
+        JobStatus::Cancelled => (
+            "job_cancelled",
+            "The job was cancelled (DELETE /v1/harvest/{id}) before it produced a result.",
+        ),
+        _ => (
+            "job_expired",
+            "The job was still queued when it expired (24 hours after its submission); it never ran.",
+        ),
+    };
+    let error = ErrorBody {
+        code,
+        message: message.to_owned(),
+        kind: "invalid_request_error",
+        param: None,
+    };
+    RawValue::from_string(String::from_utf8(envelope_json(&error, &row.id)).ok()?).ok()
 }
 
 fn seconds(ms: i64) -> i64 {

@@ -45,19 +45,52 @@ impl Workers {
         }
     }
 
+    /// What cuts the runs short, for the server's own end of the grace period.
+    pub fn cutter(&self) -> Cutter {
+        Cutter {
+            cut: self.cut.clone(),
+            runs: self.runs.clone(),
+        }
+    }
+
     /// Stops claiming; the runs get `grace` to finish, then are cut (their jobs queued
     /// again for the next worker, here after a restart or on another replica).
     pub async fn shutdown(self, grace: Duration) {
+        let deadline = tokio::time::Instant::now() + grace;
         self.stop.cancel();
+        let cutter = self.cutter();
         let _ = self.claims.await;
-        self.runs.close();
-        if tokio::time::timeout(grace, self.runs.wait()).await.is_err() {
-            tracing::warn!(
-                "job runs did not finish within the shutdown grace period; queuing them again"
-            );
-            self.cut.cancel();
-            let _ = tokio::time::timeout(CUT_WAIT, self.runs.wait()).await;
+        cutter.runs.close();
+        if tokio::time::timeout_at(deadline, cutter.runs.wait())
+            .await
+            .is_err()
+        {
+            cutter.cut().await;
         }
+    }
+}
+
+/// Cuts this replica's job runs short (see [`Workers::cutter`]).
+#[derive(Clone)]
+pub struct Cutter {
+    cut: CancellationToken,
+    runs: TaskTracker,
+}
+
+impl Cutter {
+    /// Cuts the runs still going and waits (briefly) until their jobs are queued again.
+    /// The server does this before it drains its connections: a run cut by the drain
+    /// would end its job as failed rather than queue it again.
+    pub async fn cut(&self) {
+        if self.runs.is_empty() || self.cut.is_cancelled() {
+            return;
+        }
+        tracing::warn!(
+            "job runs did not finish within the shutdown grace period; queuing them again"
+        );
+        self.cut.cancel();
+        self.runs.close();
+        let _ = tokio::time::timeout(CUT_WAIT, self.runs.wait()).await;
     }
 }
 

@@ -295,8 +295,7 @@ pub(super) fn insert_error(err: sqlx::Error, prefix: &str) -> StoreError {
     }
 }
 
-/// Now, in Unix seconds.
-/// Unix milliseconds now.
+/// Now, in Unix milliseconds.
 pub fn now_unix_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -304,6 +303,7 @@ pub fn now_unix_ms() -> i64 {
         .unwrap_or(0)
 }
 
+/// Now, in Unix seconds.
 pub fn now_unix() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -8,7 +8,7 @@
 /// The columns of `jobs`, as [`JobRow`](super::JobRow)'s `FromRow` reads them.
 macro_rules! job_columns {
     () => {
-        "id, key_id, model, status, custom_id, idempotency_key, request_hash, request, \
+        "id, key_id, model, status, idempotency_key, request_hash, request, \
          result, result_status, error_code, prompt_tokens, completion_tokens, attempts, \
          lease_owner, lease_until_ms, run_after_ms, cancel_requested, created_at_ms, \
          started_at_ms, finished_at_ms, expires_at_ms"
@@ -29,9 +29,9 @@ macro_rules! impl_job_store {
                 job: &super::NewJob,
             ) -> Result<super::Inserted, super::StoreError> {
                 let created: Option<super::JobRow> = sqlx::query_as(concat!(
-                    "INSERT INTO jobs (id, key_id, model, status, custom_id, idempotency_key, ",
+                    "INSERT INTO jobs (id, key_id, model, status, idempotency_key, ",
                     "request_hash, request, run_after_ms, created_at_ms, expires_at_ms) ",
-                    "VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8, $8, $9) ",
+                    "VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $7, $8) ",
                     "ON CONFLICT (key_id, idempotency_key) WHERE idempotency_key IS NOT NULL ",
                     "DO NOTHING RETURNING ",
                     job_columns!()
@@ -39,7 +39,6 @@ macro_rules! impl_job_store {
                 .bind(&job.id)
                 .bind(job.key_id)
                 .bind(&job.model)
-                .bind(job.custom_id.as_deref())
                 .bind(job.idempotency_key.as_deref())
                 .bind(job.request_hash.as_slice())
                 .bind(job.request.as_slice())
@@ -211,7 +210,10 @@ macro_rules! impl_job_store {
                     sqlx::query(
                         "INSERT INTO usage_ledger (key_id, request_id, month, prompt_tokens, \
                          completion_tokens, created_at) VALUES ($1, $2, $3, $4, $5, $6) \
-                         ON CONFLICT (request_id) DO NOTHING",
+                         ON CONFLICT (request_id) DO UPDATE SET month = excluded.month, \
+                         prompt_tokens = excluded.prompt_tokens, \
+                         completion_tokens = excluded.completion_tokens, \
+                         created_at = excluded.created_at",
                     )
                     .bind(row.key_id)
                     .bind(row.request_id.as_str())
@@ -234,15 +236,20 @@ macro_rules! impl_job_store {
                 id: &str,
                 attempt: i64,
                 run_after_ms: i64,
+                now_ms: i64,
             ) -> Result<bool, super::StoreError> {
+                // A cancel asked for meanwhile ends the job rather than queue it.
                 let done = sqlx::query(concat!(
-                    "UPDATE jobs SET status = 'queued', lease_owner = NULL, ",
-                    "lease_until_ms = NULL, run_after_ms = $3 ",
+                    "UPDATE jobs SET ",
+                    "status = CASE WHEN cancel_requested = 1 THEN 'cancelled' ELSE 'queued' END, ",
+                    "finished_at_ms = CASE WHEN cancel_requested = 1 THEN $4 ELSE NULL END, ",
+                    "lease_owner = NULL, lease_until_ms = NULL, run_after_ms = $3 ",
                     "WHERE id = $1 AND attempts = $2 AND status = 'running'"
                 ))
                 .bind(id)
                 .bind(attempt)
                 .bind(run_after_ms)
+                .bind(now_ms)
                 .execute(&self.pool)
                 .await?;
                 Ok(done.rows_affected() == 1)
@@ -322,13 +329,9 @@ macro_rules! impl_job_store {
                 .execute(&self.pool)
                 .await?
                 .rows_affected();
-                // A job that ran keeps its row until its usage is in the ledger (the
-                // write-behind writer may still hold it), however old.
-                let deleted = sqlx::query(
-                    "DELETE FROM jobs WHERE finished_at_ms <= $1 \
-                     AND (prompt_tokens IS NULL OR EXISTS \
-                     (SELECT 1 FROM usage_ledger u WHERE u.request_id = jobs.id))",
-                )
+                // A job's accounting is settled when it ends (its charge commits with its
+                // end), so its row may go once the metadata's time is up.
+                let deleted = sqlx::query("DELETE FROM jobs WHERE finished_at_ms <= $1")
                 .bind(now.saturating_sub(retention.metadata_ttl_ms))
                 .execute(&self.pool)
                 .await?

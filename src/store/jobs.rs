@@ -5,8 +5,9 @@
 use super::StoreError;
 
 /// Where a job is in its life. `queued → running → succeeded | failed`; `queued →
-/// expired | cancelled`; `running → cancelled`. A running job whose lease lapses goes
-/// back to running under another worker (a new attempt), never back to queued.
+/// expired | cancelled`; `running → cancelled`. A running job whose lease lapses is
+/// taken over as a new attempt (still running); one whose run never reached a node, or
+/// was cut by a shutdown, goes back to queued.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
 )]
@@ -57,7 +58,6 @@ pub struct NewJob {
     pub id: String,
     pub key_id: i64,
     pub model: String,
-    pub custom_id: Option<String>,
     pub idempotency_key: Option<String>,
     /// SHA-256 of the request body: what an idempotent retry must match.
     pub request_hash: Vec<u8>,
@@ -82,7 +82,6 @@ pub struct JobRow {
     pub key_id: i64,
     pub model: String,
     pub status: String,
-    pub custom_id: Option<String>,
     pub idempotency_key: Option<String>,
     pub request_hash: Vec<u8>,
     /// `None` once content is deleted (retention).
@@ -124,9 +123,11 @@ pub struct Outcome {
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
     /// The usage to put in the ledger with the end, in the same transaction, under the
-    /// job's id: a job that ended as succeeded is charged even if the process dies before
-    /// its write-behind ledger row is committed (that row, under the same id, then
-    /// changes nothing).
+    /// job's id, replacing any row under that id: what a run cut short or refused before
+    /// it had a node recorded there is replaced by the charge of the run that ended the
+    /// job, and a job that ended is charged even if the process dies before its
+    /// write-behind ledger row is committed (that row, under the same id, then changes
+    /// nothing).
     pub charge: Option<super::UsageRow>,
 }
 
@@ -147,7 +148,8 @@ pub struct Retention {
     pub now_ms: i64,
     /// Request and result content goes this long after the job ends.
     pub content_ttl_ms: i64,
-    /// The row goes this long after the job ends, once its usage is in the ledger.
+    /// The row goes this long after the job ends (its accounting is settled when it
+    /// ends).
     pub metadata_ttl_ms: i64,
 }
 
@@ -217,9 +219,16 @@ pub trait JobStore: Send + Sync + 'static {
         now_ms: i64,
     ) -> Result<bool, StoreError>;
 
-    /// Puts the job back in the queue, due at `run_after_ms`; false when the attempt no
-    /// longer holds it.
-    async fn requeue(&self, id: &str, attempt: i64, run_after_ms: i64) -> Result<bool, StoreError>;
+    /// Puts the job back in the queue, due at `run_after_ms` — or ends it `cancelled` at
+    /// `now_ms` when a cancel was asked for meanwhile; false when the attempt no longer
+    /// holds it.
+    async fn requeue(
+        &self,
+        id: &str,
+        attempt: i64,
+        run_after_ms: i64,
+        now_ms: i64,
+    ) -> Result<bool, StoreError>;
 
     /// Cancels the key's job: a queued one at once; a running one is marked for its
     /// worker to stop. Returns the row after the change (`None`: no such job of the key).

@@ -19,7 +19,6 @@ fn job(key_id: i64, n: u32, idempotency_key: Option<&str>) -> NewJob {
         id: format!("job_{n:04}"),
         key_id,
         model: "llama-8b".to_owned(),
-        custom_id: None,
         idempotency_key: idempotency_key.map(str::to_owned),
         request_hash: vec![n as u8; 32],
         request: format!("{{\"prompt\":\"p{n}\"}}").into_bytes(),
@@ -158,7 +157,7 @@ async fn a_claim_is_a_fenced_attempt(store: Arc<dyn Store>) {
             .await
             .unwrap()
     );
-    assert!(!jobs.requeue("job_0001", 0, T0).await.unwrap());
+    assert!(!jobs.requeue("job_0001", 0, T0, T0).await.unwrap());
     assert!(
         jobs.finish("job_0001", 1, &succeeded(), T0 + 2_000)
             .await
@@ -231,9 +230,19 @@ async fn an_end_and_its_charge_commit_together_once(store: Arc<dyn Store>) {
         charge: Some(charge.clone()),
         ..succeeded()
     };
+    // An earlier run of the job, cut short, recorded its prompt under the job's id.
+    store
+        .record_usage(&UsageRow {
+            prompt_tokens: 3,
+            completion_tokens: 0,
+            ..charge.clone()
+        })
+        .await
+        .unwrap();
     // A fenced-out end charges nothing.
     assert!(!jobs.finish("job_0001", 2, &charged, T0).await.unwrap());
-    assert_eq!(store.month_usage(key, "2027-01").await.unwrap(), 0);
+    assert_eq!(store.month_usage(key, "2027-01").await.unwrap(), 3);
+    // The end's charge replaces the cut run's row: the job is charged once, for its run.
     assert!(jobs.finish("job_0001", 1, &charged, T0).await.unwrap());
     assert_eq!(store.month_usage(key, "2027-01").await.unwrap(), 8);
     // The write-behind ledger's row of the same run, under the same id: no second charge.
@@ -243,10 +252,25 @@ async fn an_end_and_its_charge_commit_together_once(store: Arc<dyn Store>) {
 
 async fn a_requeued_job_waits_until_it_is_due(store: Arc<dyn Store>) {
     insert(&*store, &job(1, 1, None)).await;
+    insert(&*store, &job(1, 2, None)).await;
     let jobs = store.jobs();
+    // A cancel asked for while a run was under way: queuing it again ends it instead.
     jobs.claim("a", T0, 30_000).await.unwrap().unwrap();
-    assert!(jobs.requeue("job_0001", 1, T0 + 5_000).await.unwrap());
-    let row = jobs.job(1, "job_0001").await.unwrap().unwrap();
+    jobs.cancel(1, "job_0001", T0).await.unwrap();
+    assert!(
+        jobs.requeue("job_0001", 1, T0 + 5_000, T0 + 10)
+            .await
+            .unwrap()
+    );
+    let cancelled = jobs.job(1, "job_0001").await.unwrap().unwrap();
+    assert_eq!(
+        (cancelled.status(), cancelled.finished_at_ms),
+        (JobStatus::Cancelled, Some(T0 + 10))
+    );
+    let claimed = jobs.claim("a", T0, 30_000).await.unwrap().unwrap();
+    assert_eq!(claimed.id, "job_0002");
+    assert!(jobs.requeue("job_0002", 1, T0 + 5_000, T0).await.unwrap());
+    let row = jobs.job(1, "job_0002").await.unwrap().unwrap();
     assert_eq!((row.status(), row.lease_owner), (JobStatus::Queued, None));
     assert!(jobs.claim("a", T0 + 4_999, 30_000).await.unwrap().is_none());
     let again = jobs.claim("a", T0 + 5_000, 30_000).await.unwrap().unwrap();
@@ -325,40 +349,27 @@ async fn concurrent_claimers_never_share_a_job(store: Arc<dyn Store>) {
 }
 
 async fn retention_expires_purges_and_deletes(store: Arc<dyn Store>) {
-    let key = new_key(&*store).await;
-    let job =
-        |key_id: i64, n: u32, ik: Option<&str>| job(if key_id == 1 { key } else { key_id }, n, ik);
     let jobs = store.jobs();
-    // job 1: never runs, expires; job 2: runs, its usage in the ledger; job 3: runs,
-    // its usage not (yet) in the ledger.
-    let mut run = job(1, 2, None);
-    run.expires_at_ms = T0 + 10 * DAY;
-    insert(&*store, &run).await;
-    let mut unaccounted = job(1, 3, None);
-    unaccounted.expires_at_ms = T0 + 10 * DAY;
-    insert(&*store, &unaccounted).await;
-    for id in ["job_0002", "job_0003"] {
+    // job 2 ends at T0 + 1 s, job 3 two days later; job 1 is queued and never runs.
+    for n in [2, 3] {
+        let mut ran = job(1, n, None);
+        ran.expires_at_ms = T0 + 10 * DAY;
+        insert(&*store, &ran).await;
+    }
+    for (id, end) in [("job_0002", T0 + 1_000), ("job_0003", T0 + 2 * DAY)] {
         let claimed = jobs.claim("a", T0, 30_000).await.unwrap().unwrap();
         assert_eq!(claimed.id, id);
-        assert!(jobs.finish(id, 1, &succeeded(), T0 + 1_000).await.unwrap());
+        assert!(jobs.finish(id, 1, &succeeded(), end).await.unwrap());
     }
-    // Queued after the others ran: it never runs.
     insert(&*store, &job(1, 1, None)).await;
-    store
-        .record_usage(&UsageRow {
-            key_id: key,
-            request_id: "job_0002".to_owned(),
-            month: "2027-01".to_owned(),
-            prompt_tokens: 3,
-            completion_tokens: 5,
-            created_at: T0 / 1000,
-        })
-        .await
-        .unwrap();
     let rules = |now_ms| Retention {
         now_ms,
         content_ttl_ms: DAY,
         metadata_ttl_ms: 7 * DAY,
+    };
+    let row = |id: &'static str| {
+        let jobs = store.jobs();
+        async move { jobs.job(1, id).await.unwrap() }
     };
 
     assert_eq!(
@@ -370,32 +381,40 @@ async fn retention_expires_purges_and_deletes(store: Arc<dyn Store>) {
         swept,
         Swept {
             expired: 1,
-            purged: 2,
+            purged: 1,
             deleted: 0
         }
     );
-    let expired = jobs.job(key, "job_0001").await.unwrap().unwrap();
+    let expired = row("job_0001").await.unwrap();
     assert_eq!(
         (expired.status(), expired.request),
         (JobStatus::Expired, None)
     );
-    let purged = jobs.job(key, "job_0002").await.unwrap().unwrap();
+    let purged = row("job_0002").await.unwrap();
     assert_eq!(
         (purged.status(), purged.request, purged.result),
         (JobStatus::Succeeded, None, None)
     );
-
-    let swept = jobs.sweep(rules(T0 + 8 * DAY + 2_000)).await.unwrap();
-    assert_eq!(
-        swept.deleted,
-        1 + 1,
-        "the expired job and the accounted one"
-    );
-    assert!(jobs.job(key, "job_0001").await.unwrap().is_none());
-    assert!(jobs.job(key, "job_0002").await.unwrap().is_none());
     assert!(
-        jobs.job(key, "job_0003").await.unwrap().is_some(),
-        "kept while its usage is not in the ledger"
+        row("job_0003").await.unwrap().result.is_some(),
+        "its day is not over"
+    );
+
+    let swept = jobs.sweep(rules(T0 + 8 * DAY + 1_000)).await.unwrap();
+    assert_eq!(
+        (swept.purged, swept.deleted),
+        (1, 2),
+        "job 3's content; jobs 1 and 2"
+    );
+    assert!(row("job_0001").await.is_none());
+    assert!(row("job_0002").await.is_none());
+    assert!(
+        row("job_0003").await.is_some(),
+        "7 days after its own end, not the others'"
+    );
+    assert_eq!(
+        jobs.sweep(rules(T0 + 9 * DAY + 1)).await.unwrap().deleted,
+        1
     );
 }
 

@@ -201,6 +201,35 @@ async fn the_budget_and_the_rate_of_a_key_apply_at_submission() {
     let limited = submit_as(&gw, &slow, &body("x", 1), &[]).await;
     assert!(limited.headers().contains_key("retry-after"));
     expect_error(limited, 429, "rate_limited").await;
+    // The runs are not counted against the rate again: the three run at once, and the
+    // only rate refusal is the submission's.
+    let list: Value = gw
+        .client
+        .get(format!("{}/v1/harvest", gw.url))
+        .bearer_auth(&slow)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let started = Instant::now();
+    for job in list["data"].as_array().unwrap() {
+        let job = ended_as(&gw, &slow, job["id"].as_str().unwrap()).await;
+        assert_eq!(job["status"], "succeeded", "{job}");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the runs waited for the rate"
+    );
+    let refusals = parse_metrics(&gw.metrics_text().await)
+        .into_iter()
+        .filter(|s| {
+            s.name == "fleetgate_admission_refusals_total" && s.labels["reason"] == "rate_limited"
+        })
+        .map(|s| s.value)
+        .sum::<f64>();
+    assert_eq!(refusals, 1.0);
 }
 
 #[tokio::test]
@@ -438,7 +467,9 @@ async fn a_cancelled_queued_job_never_runs() {
     assert_eq!(cancel.status(), 200);
     let job: Value = cancel.json().await.unwrap();
     assert_eq!(job["status"], "cancelled");
-    assert!(job["result"].is_null() && job["error"].is_null());
+    assert!(job["result"].is_null());
+    assert_eq!(job["error"]["error"]["code"], "job_cancelled");
+    assert_eq!(job["error"]["request_id"], id.as_str());
     assert!(gw.upstream_completions().is_empty());
 }
 
@@ -518,6 +549,7 @@ async fn an_unrun_job_expires_and_an_ended_jobs_content_is_deleted() {
     let id = submit(&gw, &body("forgotten", 1)).await;
     let job = ended(&gw, &id).await;
     assert_eq!(job["status"], "expired");
+    assert_eq!(job["error"]["error"]["code"], "job_expired");
     assert!(gw.upstream_completions().is_empty());
     let row = gw.state.store().jobs().any_job(&id).await.unwrap().unwrap();
     assert_eq!(row.request, None, "an expired job's request is deleted");

@@ -4,7 +4,7 @@
 -- ARGV: rpm max_concurrent max_queued budget prompt fan_out max_tokens lease month
 --       ttl_ms channel key_id queue_ttl_ms
 local rate, run, grants, queue, qexp, used = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local rpm = math.max(tonumber(ARGV[1]), 1)
+local rpm = tonumber(ARGV[1])
 local max_concurrent, max_queued = tonumber(ARGV[2]), tonumber(ARGV[3])
 local budget, prompt, fan_out, max_tokens =
   tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -22,16 +22,19 @@ if purge(run, grants, queue, qexp, now) > 0 then
   redis.call('PUBLISH', channel, key_id)
 end
 
--- GCRA: a burst of `rpm` starts, then one every 60 s / rpm.
-local interval = math.floor(60000000 / rpm)
-local tolerance = interval * (rpm - 1)
-local tat = math.max(tonumber(redis.call('GET', rate) or now), now)
-local allowed_at = tat - tolerance
-if allowed_at > now then
-  return {RATE_LIMITED, allowed_at - now}
+-- GCRA: a burst of `rpm` starts, then one every 60 s / rpm. rpm 0: a start not counted
+-- against the rate (a job's run, whose submission was).
+if rpm > 0 then
+  local interval = math.floor(60000000 / rpm)
+  local tolerance = interval * (rpm - 1)
+  local tat = math.max(tonumber(redis.call('GET', rate) or now), now)
+  local allowed_at = tat - tolerance
+  if allowed_at > now then
+    return {RATE_LIMITED, allowed_at - now}
+  end
+  local next_tat = tat + interval
+  redis.call('SET', rate, int(next_tat), 'PX', int(math.ceil((next_tat - now) / 1000) + 1000))
 end
-local next_tat = tat + interval
-redis.call('SET', rate, int(next_tat), 'PX', int(math.ceil((next_tat - now) / 1000) + 1000))
 
 local waiting = redis.call('ZCARD', queue)
 if waiting == 0 and redis.call('ZCARD', run) < max_concurrent then

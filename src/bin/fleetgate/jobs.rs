@@ -116,7 +116,6 @@ fn metadata(row: &JobRow) -> serde_json::Value {
         "key_id": row.key_id,
         "model": row.model,
         "status": row.status,
-        "custom_id": row.custom_id,
         "idempotency_key": row.idempotency_key,
         "attempts": row.attempts,
         "lease_owner": row.lease_owner,
