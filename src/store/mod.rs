@@ -8,6 +8,9 @@
 //! Tables: `api_keys` (with each key's limit overrides), `usage_ledger` (the durable
 //! truth of monthly budgets) and `request_log` (request metadata, never prompt or
 //! completion text; written in batches by [`crate::request_log::RequestLog`]).
+//! The Workbench's and Loom's saved work (`workbench_items`, `loom_trees`,
+//! `loom_nodes`) sits behind a trait of its own, [`workbench::WorkbenchStore`], reached
+//! through [`Store::workbench`].
 
 use std::sync::Arc;
 
@@ -32,10 +35,13 @@ macro_rules! request_log_columns {
 // `shared` first: its macro is used by the backends declared after it.
 #[macro_use]
 mod shared;
+#[macro_use]
+mod workbench_sql;
 mod columns;
 mod postgres;
 mod records;
 mod sqlite;
+pub mod workbench;
 
 pub use columns::now_unix;
 pub use postgres::PostgresStore;

@@ -18,6 +18,7 @@ use super::records::{
     KeyChange, KeyRecord, KeySignals, LimitOverrides, LimitUpdate, RequestLogRow, RequestQuery,
     SpendQuery, SpendRow, Store, StoreError, UsageRow,
 };
+use super::workbench::WorkbenchStore;
 use crate::keys::NewKey;
 
 static MIGRATOR: Migrator = sqlx::migrate!("migrations/postgres");
@@ -63,7 +64,13 @@ impl PostgresStore {
     }
 }
 
+impl_workbench_store!(PostgresStore, sqlx::Postgres);
+
 impl_store!(PostgresStore, sqlx::Postgres {
+    fn workbench(&self) -> &dyn WorkbenchStore {
+        self
+    }
+
     async fn key_change_signals(&self) -> Option<KeySignals> {
         // A connection of its own, outside the pool: a listener holds its connection for
         // as long as it listens, which would leave the pool one short for requests.

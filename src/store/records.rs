@@ -3,6 +3,7 @@
 
 use std::net::IpAddr;
 
+use super::workbench::WorkbenchStore;
 use crate::keys::NewKey;
 
 /// One row of `api_keys`.
@@ -206,6 +207,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// A round trip to the database, for health checks.
     async fn ping(&self) -> Result<(), StoreError>;
+
+    /// The Workbench's and Loom's saved work, in the same database.
+    fn workbench(&self) -> &dyn WorkbenchStore;
 }
 
 /// Which request log rows to read; every filter is optional.

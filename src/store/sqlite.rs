@@ -15,6 +15,7 @@ use super::records::{
     KeyChange, KeyRecord, LimitOverrides, LimitUpdate, RequestLogRow, RequestQuery, SpendQuery,
     SpendRow, Store, StoreError, UsageRow,
 };
+use super::workbench::WorkbenchStore;
 use crate::backoff::Backoff;
 use crate::keys::NewKey;
 
@@ -158,7 +159,13 @@ fn is_busy(err: &sqlx::Error) -> bool {
         .is_some_and(|code| matches!(code & 0xff, 5 | 6))
 }
 
+impl_workbench_store!(SqliteStore, sqlx::Sqlite);
+
 impl_store!(SqliteStore, sqlx::Sqlite {
+    fn workbench(&self) -> &dyn WorkbenchStore {
+        self
+    }
+
     async fn append_request_log(&self, rows: &[RequestLogRow]) -> Result<(), StoreError> {
         if rows.is_empty() {
             return Ok(());

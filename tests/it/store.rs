@@ -50,7 +50,7 @@ impl TestDb {
     }
 
     /// A new database `fg_test_<uuid>` on the server named by TEST_POSTGRES_URL.
-    async fn postgres() -> Self {
+    pub(crate) async fn postgres() -> Self {
         let database = FreshDatabase::create("fg_test").await;
         Self {
             url: database.url.clone(),
@@ -1525,6 +1525,9 @@ impl Store for WatchedStore {
     }
     async fn ping(&self) -> Result<(), StoreError> {
         self.inner.ping().await
+    }
+    fn workbench(&self) -> &dyn fleetgate::store::workbench::WorkbenchStore {
+        self.inner.workbench()
     }
 }
 
