@@ -38,6 +38,7 @@ mod shared;
 #[macro_use]
 mod workbench_sql;
 mod columns;
+mod error;
 mod postgres;
 mod records;
 mod sqlite;

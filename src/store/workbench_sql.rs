@@ -30,6 +30,24 @@ macro_rules! node_columns {
 /// `impl WorkbenchStore for $store` on `self.pool` (`$db` its sqlx database).
 macro_rules! impl_workbench_store {
     ($store:ty, $db:ty) => {
+        /// Marks the tree changed at `now`, in `tx`; whether the key owns such a tree
+        /// (the check and the touch in one statement, before a node changes).
+        async fn touch_tree(
+            tx: &mut sqlx::Transaction<'_, $db>,
+            key_id: i64,
+            tree_id: i64,
+            now: i64,
+        ) -> Result<bool, StoreError> {
+            let owned =
+                sqlx::query("UPDATE loom_trees SET updated_at = $1 WHERE id = $2 AND key_id = $3")
+                    .bind(now)
+                    .bind(tree_id)
+                    .bind(key_id)
+                    .execute(&mut **tx)
+                    .await?;
+            Ok(owned.rows_affected() > 0)
+        }
+
         #[async_trait::async_trait]
         impl super::workbench::WorkbenchStore for $store {
             async fn create_item(
@@ -321,16 +339,7 @@ macro_rules! impl_workbench_store {
                 let text = text_column("text", text)?;
                 let meta = text_column("meta", meta)?;
                 let mut tx = self.pool.begin().await?;
-                // Touching the tree first also checks that the key owns it.
-                let owned = sqlx::query(
-                    "UPDATE loom_trees SET updated_at = $1 WHERE id = $2 AND key_id = $3",
-                )
-                .bind(now)
-                .bind(tree_id)
-                .bind(key_id)
-                .execute(&mut *tx)
-                .await?;
-                if owned.rows_affected() == 0 {
+                if !touch_tree(&mut tx, key_id, tree_id, now).await? {
                     return Ok(super::workbench::Added::NoTree);
                 }
                 let node = sqlx::query_as(concat!(
@@ -362,15 +371,7 @@ macro_rules! impl_workbench_store {
                 now: i64,
             ) -> Result<super::workbench::Versioned<super::workbench::NodeRecord>, StoreError> {
                 let mut tx = self.pool.begin().await?;
-                let owned = sqlx::query(
-                    "UPDATE loom_trees SET updated_at = $1 WHERE id = $2 AND key_id = $3",
-                )
-                .bind(now)
-                .bind(tree_id)
-                .bind(key_id)
-                .execute(&mut *tx)
-                .await?;
-                if owned.rows_affected() == 0 {
+                if !touch_tree(&mut tx, key_id, tree_id, now).await? {
                     return Ok(super::workbench::Versioned::Missing);
                 }
                 let updated: Option<super::workbench::NodeRecord> = sqlx::query_as(concat!(
