@@ -1,6 +1,7 @@
 //! `POST /v1/completions`: parse → plan → forward → relay.
 
 pub mod admit;
+pub mod budget_refusal;
 pub mod chat;
 pub mod cold;
 pub mod dispatch;
@@ -34,6 +35,7 @@ use crate::http::envelope::RequestId;
 use crate::http::request_record::{RequestRecord, workload};
 use crate::state::AppState;
 use crate::upstream::Served;
+use budget_refusal::OnBudgetClamp;
 use dispatch::Window;
 use draining::unless_draining;
 use job::Job;
@@ -46,6 +48,9 @@ use settle::Settlement;
     path = "/v1/completions",
     tag = "completions",
     request_body(content = crate::openapi::CompletionRequestDoc, content_type = "application/json"),
+    params(
+        ("X-Acs-Budget-Clamp" = Option<String>, Header, description = "`clamp` (default): where the key's budget cannot cover `max_tokens`, run with fewer (`X-Acs-Max-Tokens-Clamped` says so); `refuse`: answer 429 `budget_exceeded` instead, naming what is left and what the request needs (the Workbench and Loom send this). Another value is 400 `invalid_request`."),
+    ),
     responses(
         (status = 200, description = "A text_completion object (JSON), or an SSE stream of them when `stream` is true; passed through verbatim from vLLM. After a confirmed cold boot of a sleeping model, the 200 is sent at once and the connection kept alive (`: booting` SSE comment lines, or leading spaces before the JSON) until the answer flows; an error after that point arrives in the body as the error envelope (JSON), or as an SSE `data:` event with the envelope followed by `data: [DONE]`, without `X-Acs-Upstream-Error-Kind`.",
             headers(
@@ -64,7 +69,7 @@ use settle::Settlement;
         (status = 408, description = "`request_timeout`: the body did not arrive within `connections.body_read_timeout_ms` of its headers.", body = crate::openapi::ErrorEnvelopeDoc),
         (status = 413, description = "`request_too_large`: body over the limit. Carries `X-Should-Retry: false`.", body = crate::openapi::ErrorEnvelopeDoc,
             headers(("X-Should-Retry" = String, description = "`false`: a retry cannot succeed."))),
-        (status = 429, description = "`rate_limited` (more starts per minute than the key's rate), `queue_full` (the key's running and waiting requests are at their limits) or `budget_exceeded` (what is left of the monthly token budget is less than the request needs; also `X-Should-Retry: false`). Always with `Retry-After`.", body = crate::openapi::ErrorEnvelopeDoc,
+        (status = 429, description = "`rate_limited` (more starts per minute than the key's rate), `queue_full` (the key's running and waiting requests are at their limits) or `budget_exceeded` (what is left of the monthly token budget is less than the request needs, or than its full `max_tokens` with `X-Acs-Budget-Clamp: refuse`; also `X-Should-Retry: false`). Always with `Retry-After`.", body = crate::openapi::ErrorEnvelopeDoc,
             headers(
                 ("Retry-After" = u32, description = "Seconds to wait; for `budget_exceeded`, until the budget resets."),
                 ("X-Should-Retry" = String, description = "`false` on `budget_exceeded`."),
@@ -96,6 +101,7 @@ pub async fn create_completion(
     body: Body,
 ) -> Result<Response, ApiError> {
     require_json(&headers)?;
+    let on_clamp = OnBudgetClamp::from_headers(&headers)?;
     let config = state.config();
     let body_timeout = Duration::from_millis(config.connections.body_read_timeout_ms);
     // Reading the body is part of parsing it: a slow upload shows here.
@@ -132,7 +138,7 @@ pub async fn create_completion(
         &caller,
         &request_id.0,
         record,
-        &request,
+        (&request, on_clamp),
         model,
         facts,
     )
@@ -229,13 +235,14 @@ impl Facts {
     }
 }
 
-/// plan → admit → dispatch → relay.
+/// plan → admit → dispatch → relay; `on_clamp` says whether a budget clamp runs or is
+/// refused.
 async fn forward(
     state: &AppState,
     caller: &Caller,
     request_id: &str,
     record: RequestRecord,
-    request: &CompletionRequest<'_>,
+    (request, on_clamp): (&CompletionRequest<'_>, OnBudgetClamp),
     model: &Model,
     mut facts: Facts,
 ) -> Result<Response, ApiError> {
@@ -292,6 +299,11 @@ async fn forward(
     );
     let applied = settlement.grant().max_tokens;
     let budget_clamped = applied < plan.cost.max_tokens;
+    if budget_clamped && on_clamp == OnBudgetClamp::Refuse {
+        let grant = settlement.grant().clone();
+        settlement.release_unused().await;
+        return Err(budget_refusal::refusal(state, key.id, &limits, &plan.cost, &grant).await);
+    }
     let send_max_tokens = (budget_clamped || plan.default_max_tokens).then_some(applied);
     let body = Bytes::from(request.upstream_body(&facts.served.name, send_max_tokens));
     let clamp = clamp_header(&plan, applied, budget_clamped);
