@@ -36,4 +36,6 @@ mod openapi;
 mod prefix;
 mod reload;
 mod router;
+#[macro_use]
 mod store;
+mod workbench;
