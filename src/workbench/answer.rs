@@ -34,9 +34,22 @@ pub(super) fn checked_title(title: &str) -> Result<&str, ApiError> {
     Ok(title)
 }
 
-/// A stored JSON text back as JSON (stored only after it was parsed, so it parses).
+/// What the pages store with an item or node: any JSON object.
+pub(super) type JsonObject = serde_json::Map<String, serde_json::Value>;
+
+/// An object as stored.
+pub(super) fn json_text(object: &JsonObject) -> String {
+    serde_json::Value::Object(object.clone()).to_string()
+}
+
+/// A stored object back as an object (stored only from an object, so it parses).
+pub(super) fn stored_object(text: &str) -> JsonObject {
+    serde_json::from_str(text).unwrap_or_default()
+}
+
+/// [`stored_object`] as a JSON value.
 pub(super) fn stored_json(text: &str) -> serde_json::Value {
-    serde_json::from_str(text).unwrap_or(serde_json::Value::Null)
+    serde_json::Value::Object(stored_object(text))
 }
 
 /// The changed record, or the error for a missing or stale one.

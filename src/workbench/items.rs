@@ -10,7 +10,9 @@ use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::answer::{checked_title, deleted, store_error, stored_json, versioned};
+use super::answer::{
+    JsonObject, checked_title, deleted, json_text, store_error, stored_json, versioned,
+};
 use crate::error::ApiError;
 use crate::http::auth::Caller;
 use crate::http::body::json_body;
@@ -44,9 +46,9 @@ pub struct NewItemRequest {
     /// At most 200 characters.
     #[serde(default)]
     title: String,
-    /// Any JSON: the page keeps the prompt, the settings and the completion here.
+    /// A JSON object: the page keeps the prompt, the settings and the completion here.
     #[schema(value_type = Object)]
-    content: serde_json::Value,
+    content: JsonObject,
     /// `true`: a recovery checkpoint, deleted after `workbench.checkpoint_ttl_secs`
     /// (seven days) unless saved; `false` (default): saved until deleted.
     #[serde(default)]
@@ -60,7 +62,7 @@ pub struct ItemPatch {
     version: i64,
     title: Option<String>,
     #[schema(value_type = Option<Object>)]
-    content: Option<serde_json::Value>,
+    content: Option<JsonObject>,
     /// `true` saves a checkpoint: it no longer expires. (`false` changes nothing: a
     /// saved item is never turned back into a checkpoint.)
     #[serde(default)]
@@ -138,7 +140,7 @@ pub async fn create_item(
     let request = json_body(payload)?;
     let now = now_unix();
     let ttl = i64::try_from(state.config().workbench.checkpoint_ttl_secs).unwrap_or(i64::MAX);
-    let content = request.content.to_string();
+    let content = json_text(&request.content);
     let item = NewItem {
         kind: request.kind.as_str(),
         title: checked_title(&request.title)?,
@@ -158,6 +160,7 @@ pub async fn create_item(
     params(("id" = i64, Path, description = "The item's id")),
     responses(
         (status = 200, description = "The item.", body = ItemView),
+        (status = 400, description = "`invalid_request`: the id is not a 64-bit integer.", body = crate::openapi::ErrorEnvelopeDoc),
         (status = 401, description = "`invalid_api_key`.", body = crate::openapi::ErrorEnvelopeDoc),
         (status = 404, description = "`not_found`: no such item for this key (another key's items are never shown), or an expired checkpoint.", body = crate::openapi::ErrorEnvelopeDoc),
         (status = 503, description = "`store_unavailable`.", body = crate::openapi::ErrorEnvelopeDoc),
@@ -196,7 +199,7 @@ pub async fn update_item(
     payload: Result<Json<ItemPatch>, JsonRejection>,
 ) -> Result<Json<ItemView>, ApiError> {
     let patch = json_body(payload)?;
-    let content = patch.content.as_ref().map(serde_json::Value::to_string);
+    let content = patch.content.as_ref().map(json_text);
     let change = ItemChange {
         version: patch.version,
         title: patch.title.as_deref().map(checked_title).transpose()?,
@@ -216,6 +219,7 @@ pub async fn update_item(
     params(("id" = i64, Path, description = "The item's id")),
     responses(
         (status = 204, description = "Deleted."),
+        (status = 400, description = "`invalid_request`: the id is not a 64-bit integer.", body = crate::openapi::ErrorEnvelopeDoc),
         (status = 401, description = "`invalid_api_key`.", body = crate::openapi::ErrorEnvelopeDoc),
         (status = 404, description = "`not_found`.", body = crate::openapi::ErrorEnvelopeDoc),
         (status = 503, description = "`store_unavailable`.", body = crate::openapi::ErrorEnvelopeDoc),

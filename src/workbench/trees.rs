@@ -13,7 +13,10 @@ use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::answer::{checked_title, deleted, store_error, stored_json, versioned};
+use super::answer::{
+    JsonObject, checked_title, deleted, json_text, store_error, stored_json, stored_object,
+    versioned,
+};
 use crate::error::ApiError;
 use crate::http::auth::Caller;
 use crate::http::body::json_body;
@@ -113,7 +116,7 @@ pub struct NewNodeRequest {
     text: String,
     #[serde(default)]
     #[schema(value_type = Object)]
-    meta: serde_json::Value,
+    meta: JsonObject,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -145,7 +148,7 @@ pub struct ExportNode {
     text: String,
     #[serde(default)]
     #[schema(value_type = Object)]
-    meta: serde_json::Value,
+    meta: JsonObject,
     #[serde(default)]
     bookmarked: bool,
     #[serde(default)]
@@ -239,7 +242,7 @@ pub async fn import_tree(
             format!("format must be '{EXPORT_FORMAT}' (got '{}')", export.format),
         ));
     }
-    let metas: Vec<String> = export.nodes.iter().map(|n| n.meta.to_string()).collect();
+    let metas: Vec<String> = export.nodes.iter().map(|n| json_text(&n.meta)).collect();
     let mut positions = HashMap::with_capacity(export.nodes.len());
     let mut nodes = Vec::with_capacity(export.nodes.len());
     for (index, node) in export.nodes.iter().enumerate() {
@@ -285,6 +288,7 @@ pub async fn import_tree(
     params(("id" = i64, Path, description = "The tree's id")),
     responses(
         (status = 200, description = "The tree and all its nodes.", body = TreeView),
+        (status = 400, description = "`invalid_request`: the id is not a 64-bit integer.", body = crate::openapi::ErrorEnvelopeDoc),
         (status = 401, description = "`invalid_api_key`.", body = crate::openapi::ErrorEnvelopeDoc),
         (status = 404, description = "`not_found`: no such tree for this key (another key's trees are never shown).", body = crate::openapi::ErrorEnvelopeDoc),
         (status = 503, description = "`store_unavailable`.", body = crate::openapi::ErrorEnvelopeDoc),
@@ -307,6 +311,7 @@ pub async fn get_tree(
     params(("id" = i64, Path, description = "The tree's id")),
     responses(
         (status = 200, description = "The tree as JSON that `POST /v1/workbench/trees/import` takes back.", body = TreeExport),
+        (status = 400, description = "`invalid_request`: the id is not a 64-bit integer.", body = crate::openapi::ErrorEnvelopeDoc),
         (status = 401, description = "`invalid_api_key`.", body = crate::openapi::ErrorEnvelopeDoc),
         (status = 404, description = "`not_found`.", body = crate::openapi::ErrorEnvelopeDoc),
         (status = 503, description = "`store_unavailable`.", body = crate::openapi::ErrorEnvelopeDoc),
@@ -330,7 +335,7 @@ pub async fn export_tree(
             .map(|node| ExportNode {
                 id: node.id,
                 parent_id: node.parent_id,
-                meta: stored_json(&node.meta),
+                meta: stored_object(&node.meta),
                 text: node.text,
                 bookmarked: node.bookmarked,
                 pruned: node.pruned,
@@ -374,6 +379,7 @@ pub async fn rename_tree(
     params(("id" = i64, Path, description = "The tree's id")),
     responses(
         (status = 204, description = "The tree and all its nodes are deleted."),
+        (status = 400, description = "`invalid_request`: the id is not a 64-bit integer.", body = crate::openapi::ErrorEnvelopeDoc),
         (status = 401, description = "`invalid_api_key`.", body = crate::openapi::ErrorEnvelopeDoc),
         (status = 404, description = "`not_found`.", body = crate::openapi::ErrorEnvelopeDoc),
         (status = 503, description = "`store_unavailable`.", body = crate::openapi::ErrorEnvelopeDoc),
@@ -408,7 +414,7 @@ pub async fn add_node(
     payload: Result<Json<NewNodeRequest>, JsonRejection>,
 ) -> Result<(StatusCode, Json<NodeView>), ApiError> {
     let request = json_body(payload)?;
-    let meta = request.meta.to_string();
+    let meta = json_text(&request.meta);
     let added = store(&state)
         .add_node(
             caller.0.id,
