@@ -52,6 +52,7 @@ export async function startGateway() {
   const keys = {
     alice: createKey("alice"),
     bob: createKey("bob"),
+    carol: createKey("carol"),
     // Enough for a short run, never for 4 × 100 tokens.
     frugal: createKey("frugal", "--monthly-budget", "120"),
   };

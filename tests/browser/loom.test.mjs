@@ -149,3 +149,30 @@ test("a run the budget would clamp is refused with what is left and needed", asy
   assert.equal(await childCards(page).count(), 0, "nothing was generated");
   await context.close();
 });
+
+test("an edit is a new branch, and a tree exports and imports whole", async () => {
+  const { context, page, problems } = await visit(gateway);
+  await signIn(gateway, page, "/loom", gateway.keys.carol);
+  await newTree(page, "Dear diary,");
+  await generate(page, 3);
+  await page.keyboard.press("ArrowRight");
+  const story = await page.textContent("#story");
+
+  // Edit the selected child: the edit is saved as its sibling, the original stays.
+  await page.keyboard.press("e");
+  await page.fill("#edit-text", " today the sea was calm.");
+  await page.click("#edit-save");
+  await page.waitForFunction(() => document.querySelector("#story").textContent === "Dear diary, today the sea was calm.");
+  await page.keyboard.press("ArrowLeft");
+  assert.equal(await childCards(page).count(), 4, "three samples and the edit beside them");
+  assert.ok((await page.textContent("#children")).includes(story.slice("Dear diary,".length)), "the original is kept");
+
+  // Export, then import the file: a second tree with the same nodes.
+  const [download] = await Promise.all([page.waitForEvent("download"), page.click("#export")]);
+  await page.setInputFiles("#import", await download.path());
+  await page.waitForFunction(() => document.querySelectorAll("#tree-select option").length === 2);
+  assert.notEqual(await page.inputValue("#tree-select"), "", "the imported tree is open");
+  assert.equal(await page.locator("#tree .node").count(), 5, "root, three children and the edit");
+  await context.close();
+  assert.deepEqual(problems, []);
+});
