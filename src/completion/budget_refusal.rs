@@ -6,7 +6,7 @@
 use axum::http::HeaderMap;
 
 use super::admit::budget_exceeded;
-use crate::admission::{Cost, Grant, KeyLimits, Usage};
+use crate::admission::{Cost, Grant, KeyLimits};
 use crate::contract::X_ACS_BUDGET_CLAMP;
 use crate::error::ApiError;
 use crate::metrics::Refusal;
@@ -40,7 +40,8 @@ impl OnBudgetClamp {
 }
 
 /// The refusal of a request whose `grant` was clamped, given back already: what the
-/// budget has left beside other requests, and the worst case the request needs.
+/// budget has left beside other requests, and the worst case the request needs. When
+/// the counters cannot say what is left now, `admission_unavailable` (503, retry).
 pub async fn refusal(
     state: &AppState,
     key_id: i64,
@@ -49,16 +50,10 @@ pub async fn refusal(
     grant: &Grant,
 ) -> ApiError {
     state.metrics().admission_refused(Refusal::BudgetExceeded);
-    let usage = match state.limiter().usage(key_id, grant.month).await {
-        Ok(usage) => usage,
-        // The counters just answered the admission; if they cannot say more now, the
-        // refusal still names the need, with what the clamp saw as left.
-        Err(_) => Usage {
-            used: limits.monthly_budget.saturating_sub(grant.reserved),
-            reserved: 0,
-        },
-    };
-    budget_exceeded(limits.monthly_budget, usage, cost.worst_case(), grant.month)
+    match state.limiter().usage(key_id, grant.month).await {
+        Ok(usage) => budget_exceeded(limits.monthly_budget, usage, cost.worst_case(), grant.month),
+        Err(_) => ApiError::AdmissionUnavailable,
+    }
 }
 
 #[cfg(test)]

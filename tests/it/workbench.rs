@@ -631,7 +631,7 @@ fn shape(export: &Value) -> Vec<Value> {
 }
 
 #[tokio::test]
-async fn checkpoints_live_as_long_as_configured_and_saving_keeps_them() {
+async fn a_checkpoint_lives_as_long_as_configured_and_a_saved_item_stays() {
     // A lifetime of 0 s: a checkpoint has expired as soon as it is written.
     let gw = Gateway::start_with(
         mock_vllm::MockConfig::default(),
@@ -820,4 +820,42 @@ async fn the_pages_are_served_without_a_key_and_load_nothing_from_elsewhere() {
         .await
         .unwrap();
     expect_error(response, 404, "not_found").await;
+}
+
+#[tokio::test]
+async fn the_sweeper_deletes_expired_checkpoints_and_keeps_saved_items() {
+    let gw = Gateway::start_with(
+        mock_vllm::MockConfig::default(),
+        "[workbench]\ncheckpoint_ttl_secs = 0\ncheckpoint_sweep_secs = 1\n",
+    )
+    .await;
+    let (key_id, key) = gw.create_key(LimitOverrides::default()).await;
+    for body in [
+        json!({"kind": "run", "content": {}, "checkpoint": true}),
+        json!({"kind": "run", "title": "kept", "content": {}}),
+    ] {
+        let response = gw
+            .workbench(Method::POST, &key, "/items", Some(body))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 201);
+    }
+    // Read at time 0, every row is live: what is left is what the sweeper has not deleted.
+    let rows = || gw.state.store().workbench().items(key_id, 0);
+    assert_eq!(
+        rows().await.unwrap().len(),
+        2,
+        "the expired checkpoint is still a row"
+    );
+    let swept = async {
+        while rows().await.unwrap().len() > 1 {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), swept)
+        .await
+        .expect("a sweep within 10 s (one per second)");
+    let kept = rows().await.unwrap();
+    assert_eq!(kept[0].title, "kept");
 }
