@@ -375,14 +375,15 @@ async fn a_tree_keeps_its_shape_and_flags(store: Arc<dyn Store>) {
 // ---------------------------------------------------------------------------------------
 
 impl Gateway {
-    /// A request to the Workbench API as `key`, with a JSON body when one is given.
-    fn workbench(
+    /// The answer to a request to the Workbench API as `key`, with a JSON body when one
+    /// is given.
+    async fn workbench(
         &self,
         method: reqwest::Method,
         key: &str,
         path: &str,
         body: Option<Value>,
-    ) -> reqwest::RequestBuilder {
+    ) -> reqwest::Response {
         let request = self
             .client
             .request(method, format!("{}/v1/workbench{path}", self.url))
@@ -391,6 +392,9 @@ impl Gateway {
             Some(body) => request.json(&body),
             None => request,
         }
+        .send()
+        .await
+        .unwrap()
     }
 
     /// The JSON of a Workbench API answer with `status`.
@@ -401,11 +405,7 @@ impl Gateway {
         body: Option<Value>,
         status: u16,
     ) -> Value {
-        let response = self
-            .workbench(method, &self.key.clone(), path, body)
-            .send()
-            .await
-            .unwrap();
+        let response = self.workbench(method, &self.key.clone(), path, body).await;
         assert_eq!(response.status().as_u16(), status, "{path}");
         response.json().await.unwrap()
     }
@@ -493,11 +493,7 @@ async fn another_key_gets_404_for_every_record_and_route() {
         (Method::DELETE, format!("/items/{item}"), None),
     ];
     for (method, path, body) in attempts {
-        let response = gw
-            .workbench(method.clone(), &other, &path, body)
-            .send()
-            .await
-            .unwrap();
+        let response = gw.workbench(method.clone(), &other, &path, body).await;
         let body = expect_error(response, 404, "not_found").await;
         assert!(
             body["error"]["message"]
@@ -509,11 +505,7 @@ async fn another_key_gets_404_for_every_record_and_route() {
     }
     let lists = [("/trees", "trees"), ("/items", "items")];
     for (path, what) in lists {
-        let response = gw
-            .workbench(Method::GET, &other, path, None)
-            .send()
-            .await
-            .unwrap();
+        let response = gw.workbench(Method::GET, &other, path, None).await;
         assert_eq!(response.status(), 200);
         let list: Value = response.json().await.unwrap();
         assert_eq!(list, json!([]), "the other key lists no {what}");
@@ -545,9 +537,7 @@ async fn a_stale_version_is_409_in_the_envelope_and_changes_nothing() {
             &format!("/trees/{tree}/nodes/{}", cat["id"]),
             Some(json!({"version": 1, "bookmarked": false})),
         )
-        .send()
-        .await
-        .unwrap();
+        .await;
     let body = expect_error(response, 409, "version_conflict").await;
     assert_eq!(body["error"]["param"], "version");
     assert!(
@@ -597,9 +587,7 @@ async fn an_exported_tree_imports_back_whole() {
     for bad in [orphan, wrong_format, json!({"title": "x"})] {
         let response = gw
             .workbench(Method::POST, &gw.key, "/trees/import", Some(bad))
-            .send()
-            .await
-            .unwrap();
+            .await;
         expect_error(response, 400, "invalid_request").await;
     }
     assert_eq!(
@@ -630,14 +618,19 @@ fn shape(export: &Value) -> Vec<Value> {
         .collect()
 }
 
+/// A gateway whose `[workbench]` section is `settings`.
+async fn with_workbench(settings: &str) -> Gateway {
+    Gateway::start_with(
+        mock_vllm::MockConfig::default(),
+        &format!("[workbench]\n{settings}\n"),
+    )
+    .await
+}
+
 #[tokio::test]
 async fn a_checkpoint_lives_as_long_as_configured_and_a_saved_item_stays() {
     // A lifetime of 0 s: a checkpoint has expired as soon as it is written.
-    let gw = Gateway::start_with(
-        mock_vllm::MockConfig::default(),
-        "[workbench]\ncheckpoint_ttl_secs = 0\n",
-    )
-    .await;
+    let gw = with_workbench("checkpoint_ttl_secs = 0").await;
     let checkpoint = gw
         .workbench_json(
             Method::POST,
@@ -654,9 +647,7 @@ async fn a_checkpoint_lives_as_long_as_configured_and_a_saved_item_stays() {
             &format!("/items/{}", checkpoint["id"]),
             None,
         )
-        .send()
-        .await
-        .unwrap();
+        .await;
     expect_error(response, 404, "not_found").await;
 
     let saved = gw
@@ -690,9 +681,7 @@ async fn bad_workbench_input_is_a_clear_400() {
     for (path, body) in cases {
         let response = gw
             .workbench(Method::POST, &gw.key, path, Some(body.clone()))
-            .send()
-            .await
-            .unwrap();
+            .await;
         expect_error(response, 400, "invalid_request").await;
     }
     let tree = grown_tree(&gw).await;
@@ -703,16 +692,12 @@ async fn bad_workbench_input_is_a_clear_400() {
             &format!("/trees/{tree}/nodes"),
             Some(json!({"parent_id": 999_999, "text": "x"})),
         )
-        .send()
-        .await
-        .unwrap();
+        .await;
     let body = expect_error(response, 400, "invalid_request").await;
     assert_eq!(body["error"]["param"], "parent_id");
     let response = gw
         .workbench(Method::GET, &gw.key, "/trees/not-a-number", None)
-        .send()
-        .await
-        .unwrap();
+        .await;
     expect_error(response, 400, "invalid_request").await;
 }
 
@@ -765,16 +750,20 @@ async fn with_clamp(gw: &Gateway, key: &str, body: &str, clamp: &str) -> reqwest
         .unwrap()
 }
 
+/// `GET path` with no key.
+async fn without_key(gw: &Gateway, path: &str) -> reqwest::Response {
+    gw.client
+        .get(format!("{}{path}", gw.url))
+        .send()
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn the_pages_are_served_without_a_key_and_load_nothing_from_elsewhere() {
     let gw = Gateway::start().await;
     for page in ["/workbench", "/loom"] {
-        let response = gw
-            .client
-            .get(format!("{}{page}", gw.url))
-            .send()
-            .await
-            .unwrap();
+        let response = without_key(&gw, page).await;
         assert_eq!(response.status(), 200, "{page}");
         assert!(
             response.headers()["content-type"]
@@ -798,12 +787,7 @@ async fn the_pages_are_served_without_a_key_and_load_nothing_from_elsewhere() {
             .collect::<Vec<_>>();
         assert!(!assets.is_empty(), "{page} uses its embedded assets");
         for asset in &assets {
-            let response = gw
-                .client
-                .get(format!("{}/workbench/assets/{asset}", gw.url))
-                .send()
-                .await
-                .unwrap();
+            let response = without_key(&gw, &format!("/workbench/assets/{asset}")).await;
             assert_eq!(response.status(), 200, "{asset}");
             let text = response.text().await.unwrap();
             assert!(
@@ -813,32 +797,19 @@ async fn the_pages_are_served_without_a_key_and_load_nothing_from_elsewhere() {
         }
         assert!(!html.contains("http://") && !html.contains("https://"));
     }
-    let response = gw
-        .client
-        .get(format!("{}/workbench/assets/secret.txt", gw.url))
-        .send()
-        .await
-        .unwrap();
+    let response = without_key(&gw, "/workbench/assets/secret.txt").await;
     expect_error(response, 404, "not_found").await;
 }
 
 #[tokio::test]
 async fn the_sweeper_deletes_expired_checkpoints_and_keeps_saved_items() {
-    let gw = Gateway::start_with(
-        mock_vllm::MockConfig::default(),
-        "[workbench]\ncheckpoint_ttl_secs = 0\ncheckpoint_sweep_secs = 1\n",
-    )
-    .await;
+    let gw = with_workbench("checkpoint_ttl_secs = 0\ncheckpoint_sweep_secs = 1").await;
     let (key_id, key) = gw.create_key(LimitOverrides::default()).await;
     for body in [
         json!({"kind": "run", "content": {}, "checkpoint": true}),
         json!({"kind": "run", "title": "kept", "content": {}}),
     ] {
-        let response = gw
-            .workbench(Method::POST, &key, "/items", Some(body))
-            .send()
-            .await
-            .unwrap();
+        let response = gw.workbench(Method::POST, &key, "/items", Some(body)).await;
         assert_eq!(response.status(), 201);
     }
     // Read at time 0, every row is live: what is left is what the sweeper has not deleted.
