@@ -4,7 +4,7 @@
 // downloaded browser). Binaries come from BROWSER_BIN_DIR, else
 // $CARGO_TARGET_DIR/debug, else target/debug.
 import { spawn, execFileSync } from "node:child_process";
-import { mkdtempSync, writeFileSync, rmSync, mkdirSync } from "node:fs";
+import { existsSync, mkdtempSync, writeFileSync, rmSync, mkdirSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, dirname, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -36,6 +36,11 @@ function waitForLine(stream, pattern, what) {
 }
 
 export async function startGateway() {
+  for (const bin of ["mock-vllm", "fleetgate"]) {
+    if (!existsSync(join(BIN_DIR, bin))) {
+      throw new Error(`${join(BIN_DIR, bin)} is missing: run \`cargo build --bins\` first (BROWSER_BIN_DIR or CARGO_TARGET_DIR say where the binaries are)`);
+    }
+  }
   const dir = mkdtempSync(join(tmpdir(), "fleetgate-browser-"));
   const mock = spawn(join(BIN_DIR, "mock-vllm"), ["--listen", "127.0.0.1:0"], { stdio: ["ignore", "pipe", "inherit"] });
   const mockUrl = (await waitForLine(mock.stdout, /listening on (http:\/\/\S+)/, "mock-vllm"))[1];
@@ -53,6 +58,7 @@ export async function startGateway() {
     alice: createKey("alice"),
     bob: createKey("bob"),
     carol: createKey("carol"),
+    dave: createKey("dave"),
     // Enough for a short run, never for 4 × 100 tokens.
     frugal: createKey("frugal", "--monthly-budget", "120"),
   };

@@ -167,12 +167,51 @@ test("an edit is a new branch, and a tree exports and imports whole", async () =
   assert.equal(await childCards(page).count(), 4, "three samples and the edit beside them");
   assert.ok((await page.textContent("#children")).includes(story.slice("Dear diary,".length)), "the original is kept");
 
+  // Rename the tree (the browser's prompt dialog).
+  page.once("dialog", (dialog) => dialog.accept("My diary"));
+  await page.click("#rename");
+  await page.waitForFunction(() => document.querySelector("#tree-select option:checked").textContent === "My diary");
+
   // Export, then import the file: a second tree with the same nodes.
   const [download] = await Promise.all([page.waitForEvent("download"), page.click("#export")]);
   await page.setInputFiles("#import", await download.path());
   await page.waitForFunction(() => document.querySelectorAll("#tree-select option").length === 2);
   assert.notEqual(await page.inputValue("#tree-select"), "", "the imported tree is open");
   assert.equal(await page.locator("#tree .node").count(), 5, "root, three children and the edit");
+  assert.deepEqual(await page.locator("#tree-select option").allTextContents(), ["My diary", "My diary"]);
+  await context.close();
+  assert.deepEqual(problems, []);
+});
+
+test("two tabs growing one tree lose no node, and a stale change is refused", async () => {
+  const { context, page: one, problems } = await visit(gateway);
+  await signIn(gateway, one, "/loom", gateway.keys.dave);
+  await newTree(one, "Two tabs:");
+  // A second tab of the same browser opens the same tree.
+  const two = await context.newPage();
+  await signIn(gateway, two, "/loom", gateway.keys.dave);
+  await two.waitForFunction(() => document.querySelector("#story")?.textContent === "Two tabs:");
+  await two.locator("#story").click();
+
+  await generate(one, 3);
+  await generate(two, 3);
+  for (const tab of [one, two]) {
+    await tab.reload();
+    await tab.waitForFunction(() => document.querySelectorAll("#children .child[data-node]").length === 6);
+    await tab.locator("#story").click();
+  }
+
+  // Both select the first child; the first tab bookmarks it, then the second, which
+  // still holds the old version, is refused and shows the tree as it is now.
+  await one.keyboard.press("ArrowRight");
+  await two.keyboard.press("ArrowRight");
+  await one.keyboard.press("b");
+  await one.waitForSelector("#bookmarks li[data-node]");
+  await two.keyboard.press("b");
+  await two.waitForSelector("#problem .error");
+  assert.match(await two.textContent("#problem .error"), /^version_conflict: .*changed elsewhere/);
+  await two.waitForFunction(() => document.querySelectorAll("#bookmarks li[data-node]").length === 1);
+  assert.match(await two.textContent("#tree .node.current"), /^★ /, "the first tab's bookmark stands");
   await context.close();
   assert.deepEqual(problems, []);
 });

@@ -62,7 +62,12 @@ test("run, see coloured tokens and their alternatives, continue from one, save",
   await page.click("#save");
   await page.waitForFunction(() => document.querySelector("#saved").textContent.includes("forest path"));
   assert.equal(await page.textContent("#saved-note"), "Saved.");
-  assert.equal(await page.textContent("#saved li:first-child .tag"), "run", "saved: no longer a checkpoint");
+  assert.equal(await page.textContent("#saved li:first-child .tag"), "run×", "saved: no longer a checkpoint");
+  // Saved items stay until deleted.
+  const listed = await page.locator("#saved li").count();
+  await page.click("#saved li:first-child .remove");
+  await page.waitForFunction((n) => document.querySelectorAll("#saved li").length === n - 1, listed);
+  assert.ok(!(await page.textContent("#saved")).includes("forest path"));
   await context.close();
   assert.deepEqual(problems, [], "no script errors");
 });

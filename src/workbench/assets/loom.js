@@ -396,6 +396,16 @@
     }
   }
 
+  function rename() {
+    const title = prompt("Title of this tree", tree.title);
+    if (title === null || title === tree.title) return;
+    return change(async () => {
+      tree = await FG.api("PATCH", `/v1/workbench/trees/${tree.id}`, { version: tree.version, title });
+      const option = $("tree-select").querySelector(`option[value="${tree.id}"]`);
+      if (option) option.textContent = title;
+    });
+  }
+
   async function deleteTree() {
     if (!tree || !confirm(`Delete the tree “${tree.title}” and all its nodes?`)) return;
     try {
@@ -414,7 +424,7 @@
       panel.append(knobs[def.id].element);
     }
     $("legend").append(FG.legend());
-    const buttons = { generate, bookmark, hoist: toggleHoist, prune, undo, edit: startEdit };
+    const buttons = { generate, bookmark, hoist: toggleHoist, prune, undo, edit: startEdit, rename };
     for (const [id, action] of Object.entries(buttons)) $(id).addEventListener("click", () => whenOpen(action));
     $("edit-save").addEventListener("click", saveEdit);
     $("edit-cancel").addEventListener("click", () => { $("editor").hidden = true; });

@@ -152,8 +152,24 @@
     const items = await FG.api("GET", "/v1/workbench/items");
     $("saved").replaceChildren(...items.map((item) => {
       const tag = item.expires_at === null ? item.kind : `checkpoint · ${daysLeft(item.expires_at)}`;
-      return el("li", { onclick: () => open(item) }, el("span", { text: item.title || "(untitled)" }), el("span", { class: "tag", text: tag }));
+      const remove = el("button", { class: "remove", title: "Delete", "aria-label": "Delete " + item.title, text: "×", onclick: (event) => {
+        event.stopPropagation();
+        forget(item);
+      } });
+      return el("li", { onclick: () => open(item) }, el("span", { text: item.title || "(untitled)" }),
+        el("span", { class: "tag" }, tag, remove));
     }));
+  }
+
+  async function forget(item) {
+    showProblem(null);
+    try {
+      await FG.api("DELETE", `/v1/workbench/items/${item.id}`);
+      if (run && run.item && run.item.id === item.id) run.item = null;
+      await listSaved();
+    } catch (err) {
+      showProblem(err);
+    }
   }
 
   function daysLeft(expiresAt) {
