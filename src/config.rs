@@ -11,6 +11,10 @@ use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 use serde::Deserialize;
 
+mod jobs;
+
+pub use jobs::JobSettings;
+
 use crate::contract::LOGPROBS_LIMIT;
 use crate::fleet::PREFIX_BLOCK_BYTES;
 
@@ -79,6 +83,9 @@ pub struct Config {
     /// The Workbench and Loom: how long their recovery checkpoints are kept.
     #[serde(default)]
     pub workbench: WorkbenchSettings,
+    /// Completion jobs: workers, long-polls, retention.
+    #[serde(default)]
+    pub jobs: JobSettings,
     pub models: Vec<ModelConfig>,
     /// The file this was loaded from, which a reload reads again (`reload.rs`); `None`
     /// for a config built from a string.
@@ -716,6 +723,15 @@ impl Config {
                 "fleet.probe_interval_ms, probe_timeout_ms, eject_base_ms, request_window_ms and keepalive_interval_ms must be at least 1".into(),
             );
         }
+        let jobs = &self.jobs;
+        if jobs.lease_ms < 300 || jobs.poll_interval_ms == 0 || jobs.sweep_interval_ms == 0 {
+            return invalid(
+                "jobs.lease_ms must be at least 300, jobs.poll_interval_ms and sweep_interval_ms at least 1".into(),
+            );
+        }
+        if jobs.max_attempts == 0 || jobs.run_timeout_ms == 0 {
+            return invalid("jobs.max_attempts and jobs.run_timeout_ms must be at least 1".into());
+        }
         let durations = [
             ("shutdown_grace_ms", self.shutdown_grace_ms),
             (
@@ -733,7 +749,9 @@ impl Config {
             ("fleet.queue_timeout_ms", fleet.queue_timeout_ms),
             ("fleet.request_window_ms", fleet.request_window_ms),
             ("fleet.keepalive_interval_ms", fleet.keepalive_interval_ms),
-        ];
+        ]
+        .into_iter()
+        .chain(self.jobs.durations());
         let model_durations = self.models.iter().flat_map(|m| {
             [
                 ("models.boot_timeout_ms", m.boot_timeout_ms),
@@ -741,7 +759,7 @@ impl Config {
                 ("models.idle_sleep_ms", m.idle_sleep_ms),
             ]
         });
-        for (name, ms) in durations.into_iter().chain(model_durations) {
+        for (name, ms) in durations.chain(model_durations) {
             if ms > MAX_DURATION_MS {
                 return invalid(format!(
                     "{name} must be at most {MAX_DURATION_MS} (7 days; got {ms})"

@@ -24,6 +24,15 @@ pub const X_ACS_MAX_TOKENS_CLAMPED: HeaderName =
 pub const X_ACS_BUDGET_CLAMP: HeaderName = HeaderName::from_static("x-acs-budget-clamp");
 /// `X-Acs-Workload`: `interactive` or `batch`, as the client declares it.
 pub const X_ACS_WORKLOAD: HeaderName = HeaderName::from_static("x-acs-workload");
+/// `declined` on a harvest long-poll answered early because too many were waiting.
+pub const X_ACS_LONGPOLL: HeaderName = HeaderName::from_static("x-acs-longpoll");
+/// RFC 7240: `Prefer: respond-async` asks for a completion job.
+pub const PREFER: HeaderName = HeaderName::from_static("prefer");
+pub const PREFERENCE_APPLIED: HeaderName = HeaderName::from_static("preference-applied");
+/// The IETF idempotency-key draft's request header.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// The longest long-poll `GET /v1/harvest/{id}?wait=` may ask for, in seconds.
+pub const MAX_HARVEST_WAIT_SECS: u64 = 60;
 
 /// The largest `max_tokens` a client may send.
 pub const MAX_TOKENS_LIMIT: u64 = 1_000_000;

@@ -65,6 +65,19 @@ pub enum ApiError {
         given: i64,
         current: i64,
     },
+    /// No job of the caller's key has this id (another key's job included).
+    #[error("No job with id '{0}'.")]
+    JobNotFound(String),
+    /// An `Idempotency-Key` already used by this key for a job with another body.
+    #[error(
+        "The Idempotency-Key '{0}' was already used with a different request body. Use a new key for a new request."
+    )]
+    IdempotencyKeyReused(String),
+    /// The key already has as many queued and running jobs as allowed.
+    #[error(
+        "This key has {pending} jobs queued or running, the most allowed. Harvest some and retry."
+    )]
+    JobsPending { pending: u64, retry_after: Duration },
     /// `POST /admin/reload` found the config file invalid (or none to read); nothing
     /// was changed.
     #[error("{0}")]
@@ -205,19 +218,22 @@ impl ApiError {
             | Self::FullVocabPromptTooLong { .. }
             | Self::DeadlineInfeasible { .. } => StatusCode::BAD_REQUEST,
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            Self::NotFound { .. } | Self::KeyNotFound(_) | Self::WorkbenchNotFound { .. } => {
-                StatusCode::NOT_FOUND
-            }
+            Self::NotFound { .. }
+            | Self::KeyNotFound(_)
+            | Self::JobNotFound(_)
+            | Self::WorkbenchNotFound { .. } => StatusCode::NOT_FOUND,
             Self::VersionConflict { .. } => StatusCode::CONFLICT,
+            Self::IdempotencyKeyReused(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::InvalidConfig(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::HeadTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Self::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::UpstreamRejected { status, .. } => *status,
-            Self::RateLimited { .. } | Self::QueueFull { .. } | Self::BudgetExceeded { .. } => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
+            Self::RateLimited { .. }
+            | Self::QueueFull { .. }
+            | Self::JobsPending { .. }
+            | Self::BudgetExceeded { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::AdmissionUnavailable | Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::UpstreamUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::UpstreamDeadline { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -237,6 +253,8 @@ impl ApiError {
             Self::KeyNotFound(_) => "key_not_found",
             Self::WorkbenchNotFound { .. } => "not_found",
             Self::VersionConflict { .. } => "version_conflict",
+            Self::JobNotFound(_) => "job_not_found",
+            Self::IdempotencyKeyReused(_) => "idempotency_key_reused",
             Self::InvalidConfig(_) => "invalid_config",
             Self::MethodNotAllowed { .. } => "method_not_allowed",
             Self::PayloadTooLarge { .. } | Self::HeadTooLarge { .. } => "request_too_large",
@@ -246,7 +264,7 @@ impl ApiError {
             Self::DeadlineInfeasible { .. } => "deadline_infeasible",
             Self::UpstreamDeadline { .. } => "upstream_deadline",
             Self::RateLimited { .. } => "rate_limited",
-            Self::QueueFull { .. } => "queue_full",
+            Self::QueueFull { .. } | Self::JobsPending { .. } => "queue_full",
             Self::BudgetExceeded { .. } => "budget_exceeded",
             Self::AdmissionUnavailable => "admission_unavailable",
             Self::StoreUnavailable => "store_unavailable",
@@ -324,7 +342,9 @@ impl IntoResponse for ApiError {
                 );
                 headers.insert(http::header::RETRY_AFTER, UPSTREAM_RETRY_AFTER_SECS.into());
             }
-            Self::RateLimited { retry_after, .. } | Self::QueueFull { retry_after, .. } => {
+            Self::RateLimited { retry_after, .. }
+            | Self::QueueFull { retry_after, .. }
+            | Self::JobsPending { retry_after, .. } => {
                 headers.insert(
                     http::header::RETRY_AFTER,
                     retry_after_secs(retry_after).into(),

@@ -23,6 +23,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::fleet::{Decision, Fleet};
+use crate::store::JobStatus;
 
 /// The content type of [`Metrics::encode`]'s text.
 pub const PROMETHEUS_CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
@@ -186,6 +187,23 @@ struct Inner {
     connection_refusals: Family<ReasonLabels, Counter>,
     ledger_pending: Gauge,
     ledger_lost: Gauge,
+    jobs: Family<StatusLabels, Gauge>,
+    job_runs: Family<OutcomeWord, Counter>,
+    jobs_running: Gauge,
+    harvest_waiting: Gauge,
+    harvest_declined: Counter,
+}
+
+/// `{status}` of a job.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusLabels {
+    status: &'static str,
+}
+
+/// `{outcome}` of a job's run.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeWord {
+    outcome: &'static str,
 }
 
 /// 5 ms to ~5.5 min, doubling: whole requests (long generations included).
@@ -342,6 +360,41 @@ impl Metrics {
             "Client connections closed without a whole request: max_open (the cap was reached), header_timeout (no complete request head in time, idle keep-alive included), malformed_head (a request head that could not be parsed, answered 400) or head_too_large (a request head over 16 KiB or 100 header lines, answered 431)",
             connection_refusals.clone(),
         );
+        let jobs = Family::<StatusLabels, Gauge>::default();
+        registry.register(
+            "jobs",
+            "Completion jobs in the store (all replicas), by status: queued, running, succeeded, failed, expired, cancelled; refreshed by each replica's sweep",
+            jobs.clone(),
+        );
+        for status in JobStatus::ALL {
+            let _ = jobs.get_or_create(&StatusLabels {
+                status: status.as_str(),
+            });
+        }
+        let job_runs = Family::<OutcomeWord, Counter>::default();
+        registry.register(
+            "job_runs",
+            "Runs of jobs by this replica's workers, by outcome: succeeded, failed, cancelled, retried (never reached a node; queued again with back-off), requeued (cut by shutdown) or lost (its lease lapsed and another worker took the job)",
+            job_runs.clone(),
+        );
+        let jobs_running = Gauge::default();
+        registry.register(
+            "jobs_running",
+            "Jobs this replica's workers are running now (at most jobs.workers)",
+            jobs_running.clone(),
+        );
+        let harvest_waiting = Gauge::default();
+        registry.register(
+            "harvest_waiting",
+            "Long-polls (GET /v1/harvest/{id}?wait=) waiting on this replica",
+            harvest_waiting.clone(),
+        );
+        let harvest_declined = Counter::default();
+        registry.register(
+            "harvest_declined",
+            "Long-polls answered at once with X-Acs-Longpoll: declined because jobs.max_waiters (or the per-key bound) were waiting",
+            harvest_declined.clone(),
+        );
         for reason in ConnectionRefusal::ALL {
             let _ = connection_refusals.get_or_create(&ReasonLabels {
                 reason: reason.as_str(),
@@ -370,6 +423,11 @@ impl Metrics {
             connection_refusals,
             ledger_pending,
             ledger_lost,
+            jobs,
+            job_runs,
+            jobs_running,
+            harvest_waiting,
+            harvest_declined,
         }));
         for model in fleet.models() {
             for upstream in model.nodes().iter() {
@@ -488,6 +546,41 @@ impl Metrics {
         let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         self.0.ledger_pending.set(gauge(pending));
         self.0.ledger_lost.set(gauge(lost));
+    }
+
+    /// The store's job counts by status (statuses with no job read 0).
+    pub fn observe_jobs(&self, counts: &[(JobStatus, u64)]) {
+        for status in JobStatus::ALL {
+            let n = counts.iter().find(|(s, _)| *s == status).map_or(0, |c| c.1);
+            self.0
+                .jobs
+                .get_or_create(&StatusLabels {
+                    status: status.as_str(),
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Counts a job's run that ended with `outcome` (see `fleetgate_job_runs`).
+    pub fn job_run(&self, outcome: &'static str) {
+        self.0
+            .job_runs
+            .get_or_create(&OutcomeWord { outcome })
+            .inc();
+    }
+
+    /// Counts a job as running on this replica while the guard lives.
+    pub fn job_running(&self) -> GaugeGuard {
+        GaugeGuard::new(self.0.jobs_running.clone())
+    }
+
+    /// Counts a long-poll as waiting while the guard lives.
+    pub fn harvest_waiting(&self) -> GaugeGuard {
+        GaugeGuard::new(self.0.harvest_waiting.clone())
+    }
+
+    pub fn harvest_declined(&self) {
+        self.0.harvest_declined.inc();
     }
 
     /// Counts a client connection as open while the guard lives.

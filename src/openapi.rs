@@ -24,6 +24,7 @@ use utoipa::{Modify, OpenApi, ToSchema};
         (name = "models", description = "The models this deployment serves."),
         (name = "usage", description = "The calling key's budget and limits."),
         (name = "workbench", description = "What the Workbench (`GET /workbench`) and Loom (`GET /loom`) pages keep per key: saved prompts and runs, recovery checkpoints of unsaved runs (expire after seven days), Loom trees and their nodes. Another key's records are never shown (404). Changes name the version they were made from; a stale one is 409 `version_conflict`."),
+        (name = "jobs", description = "Completion jobs: submit with `POST /v1/completions` and `Prefer: respond-async` (answered 202 with `Location: /v1/harvest/{id}`), collect with `GET /v1/harvest/{id}?wait=S`. Jobs are kept in the store and survive restarts. Retention: a job still queued 24 hours after submission expires; its request and result are deleted 24 hours after it ends; the rest of it (status, times, the Idempotency-Key) 7 days after it ends."),
         (name = "ops", description = "Health."),
         (name = "admin", description = "Key management and live fleet changes (`POST /admin/reload`), with the admin token (`admin_token` in the config). Not part of the client API."),
     )
@@ -167,6 +168,58 @@ pub struct CompletionResponseDoc {
     usage: serde_json::Value,
 }
 
+/// A completion job, as submitted (`POST /v1/completions` with `Prefer: respond-async`)
+/// and harvested (`GET /v1/harvest/{id}`).
+#[derive(ToSchema)]
+#[schema(as = Job)]
+pub struct JobDoc {
+    /// `job_…`.
+    id: String,
+    /// Always `completion.job`.
+    object: String,
+    /// `queued → running → succeeded | failed`; `queued → expired | cancelled`;
+    /// `running → cancelled`.
+    #[schema(value_type = String, example = "queued")]
+    status: crate::store::JobStatus,
+    /// The model id the request named (or the default).
+    model: String,
+    /// Unix seconds of the submission.
+    created_at: i64,
+    /// Unix seconds of the first run's start.
+    started_at: Option<i64>,
+    /// Unix seconds of the end.
+    finished_at: Option<i64>,
+    /// While queued: when the job expires unless it has started (24 h after
+    /// submission). Once ended: when its request and result are deleted (24 h after the
+    /// end). Absent while running.
+    expires_at: Option<i64>,
+    /// Runs started: more than 1 when a run never reached a node and was retried, or
+    /// its server stopped and another took the job over.
+    attempts: i64,
+    /// Present (true) while a running job is being cancelled.
+    cancel_requested: Option<bool>,
+    /// When `succeeded`: the exact `POST /v1/completions` response body vLLM produced,
+    /// with its `usage`. Deleted 24 h after the end.
+    #[schema(value_type = Option<Object>)]
+    result: Option<serde_json::Value>,
+    /// When `failed`: the error envelope a synchronous call would have got. Deleted
+    /// 24 h after the end.
+    error: Option<ErrorEnvelopeDoc>,
+}
+
+/// A page of the calling key's jobs, newest first.
+#[derive(ToSchema)]
+#[schema(as = JobPage)]
+pub struct JobPageDoc {
+    /// Always `list`.
+    object: String,
+    data: Vec<JobDoc>,
+    first_id: Option<String>,
+    /// Pass as `after` for the next page.
+    last_id: Option<String>,
+    has_more: bool,
+}
+
 /// Every error response.
 #[derive(ToSchema)]
 #[schema(as = ErrorEnvelope)]
@@ -179,7 +232,7 @@ pub struct ErrorEnvelopeDoc {
 #[derive(ToSchema)]
 #[schema(as = Error)]
 pub struct ErrorDoc {
-    /// Machine-readable code: `invalid_request`, `model_not_found`, `chat_completions_unsupported`, `full_vocab_prompt_too_long`, `invalid_api_key`, `not_found`, `method_not_allowed`, `request_timeout`, `request_too_large`, `rate_limited`, `queue_full`, `budget_exceeded`, `admission_unavailable`, `store_unavailable`, `key_not_found` and `invalid_config` (admin), `upstream_bad_request`, `upstream_error`, `upstream_unavailable`, `internal_error`.
+    /// Machine-readable code: `invalid_request`, `model_not_found`, `chat_completions_unsupported`, `full_vocab_prompt_too_long`, `invalid_api_key`, `not_found`, `method_not_allowed`, `request_timeout`, `request_too_large`, `rate_limited`, `queue_full`, `budget_exceeded`, `admission_unavailable`, `store_unavailable`, `job_not_found`, `idempotency_key_reused`, `key_not_found` and `invalid_config` (admin), `upstream_bad_request`, `upstream_error`, `upstream_unavailable`, `internal_error`.
     code: String,
     message: String,
     /// `invalid_request_error`, `authentication_error`, `rate_limit_error` or `server_error`.

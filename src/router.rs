@@ -22,7 +22,7 @@ use crate::error::ApiError;
 use crate::http::{auth, envelope, fallback, request_record};
 use crate::openapi::ApiDoc;
 use crate::state::AppState;
-use crate::{admin, completion, models, ops, traces, usage, workbench};
+use crate::{admin, completion, jobs, models, ops, traces, usage, workbench};
 
 /// Answers shorter than this go out uncompressed: a gzip stream's state (a few hundred
 /// KiB, zeroed for every response) costs far more than the few hundred bytes it would
@@ -36,6 +36,8 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(completion::chat::chat_completions))
         .routes(routes!(models::list_models))
         .routes(routes!(usage::own_usage))
+        .routes(routes!(jobs::harvest::list))
+        .routes(routes!(jobs::harvest::harvest, jobs::harvest::cancel))
         .merge(workbench::api_routes())
 }
 

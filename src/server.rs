@@ -23,6 +23,7 @@ use crate::admission::unlimited::Unlimited;
 use crate::admission::{Limiter, UsageSource};
 
 use crate::config::{Config, LogFormat, TraceSettings};
+use crate::jobs;
 use crate::keys::KeyTable;
 use crate::ledger::Ledger;
 use crate::router::build_router;
@@ -156,33 +157,54 @@ pub async fn serve(
     };
     let connections = state.config().connections.clone();
     let metrics = state.metrics().clone();
+    let workers = jobs::Workers::start(state.clone());
+    let jobs_hub = state.jobs().clone();
+    let stop_upkeep = tokio_util::sync::CancellationToken::new();
+    let sweep = tokio::spawn(jobs::upkeep::sweep(state.clone(), stop_upkeep.clone()));
+    let watch = tokio::spawn(jobs::upkeep::watch(state.clone(), stop_upkeep.clone()));
     let router = build_router(state);
     let stopping = Arc::new(Notify::new());
+    // Cancelled when the shutdown starts: workers stop claiming, long-polls answer.
+    let stop_jobs = jobs_hub.stopping().clone();
     let stop_accepting = {
         let stopping = Arc::clone(&stopping);
+        let stop_jobs = stop_jobs.clone();
         async move {
             shutdown.await;
             stopping.notify_one();
+            stop_jobs.cancel();
         }
+    };
+    // Job runs get the same grace as requests, then are cut and queued again.
+    let jobs_stopped = async {
+        stop_jobs.cancelled().await;
+        workers.shutdown(grace).await;
     };
     let server = crate::connections::serve(listener, router, &connections, metrics, stop_accepting);
     // Once asked to stop: no new connections; in-flight requests get `grace` to finish.
     // Then the rest are cut: their bodies end (an error, so no client mistakes a cut
     // answer for a whole one) and their settlements run below like any other.
-    tokio::pin!(server);
-    tokio::select! {
-        () = &mut server => {}
-        () = async {
-            stopping.notified().await;
-            tokio::time::sleep(grace).await;
-        } => {
-            tracing::warn!(grace_ms = grace.as_millis() as u64, "in-flight requests did not finish within the shutdown grace period; cutting them");
-            draining.cancel();
-            // Cut connections close at once; requests still waiting in a queue hold
-            // nothing worth waiting for.
-            let _ = tokio::time::timeout(DRAIN_CUT_WAIT, &mut server).await;
+    let requests_stopped = async {
+        tokio::pin!(server);
+        tokio::select! {
+            () = &mut server => {}
+            () = async {
+                stopping.notified().await;
+                tokio::time::sleep(grace).await;
+            } => {
+                tracing::warn!(grace_ms = grace.as_millis() as u64, "in-flight requests did not finish within the shutdown grace period; cutting them");
+                draining.cancel();
+                // Cut connections close at once; requests still waiting in a queue hold
+                // nothing worth waiting for.
+                let _ = tokio::time::timeout(DRAIN_CUT_WAIT, &mut server).await;
+            }
         }
-    }
+        // Also when the server ended by itself.
+        stop_jobs.cancel();
+    };
+    tokio::join!(requests_stopped, jobs_stopped);
+    stop_upkeep.cancel();
+    let _ = tokio::join!(sweep, watch);
     prober.abort();
     keep_warm.abort();
     sweeper.abort();

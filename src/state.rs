@@ -12,6 +12,7 @@ use crate::admission::give_back::GiveBack;
 use crate::config::Config;
 use crate::fleet::Fleet;
 use crate::fleet::prober::Prober;
+use crate::jobs::JobHub;
 use crate::keys::KeyTable;
 use crate::ledger::Ledger;
 use crate::metrics::Metrics;
@@ -49,6 +50,8 @@ struct Inner {
     metrics: Metrics,
     /// Held by a reload of the config file (`reload.rs`): one at a time.
     reloading: tokio::sync::Mutex<()>,
+    /// Completion jobs' long-polls and the runs on this replica.
+    jobs: JobHub,
 }
 
 impl AppState {
@@ -62,6 +65,7 @@ impl AppState {
         let upstream = UpstreamClient::new(&config.upstream)?;
         let fleet = Arc::new(Fleet::new(&config));
         let metrics = Metrics::new(&fleet);
+        let jobs = JobHub::new(&config.jobs);
         Ok(Self(Arc::new(Inner {
             config,
             give_back: GiveBack::start(Arc::clone(&limiter)),
@@ -76,6 +80,7 @@ impl AppState {
             upstream,
             metrics,
             reloading: tokio::sync::Mutex::new(()),
+            jobs,
         })))
     }
 
@@ -120,6 +125,9 @@ impl AppState {
     }
     pub fn metrics(&self) -> &Metrics {
         &self.0.metrics
+    }
+    pub fn jobs(&self) -> &JobHub {
+        &self.0.jobs
     }
     pub fn reloading(&self) -> &tokio::sync::Mutex<()> {
         &self.0.reloading

@@ -11,6 +11,7 @@
 /// The parts of the shared harness (`tests/common`) these tests use.
 mod common {
     pub mod cli;
+    pub mod jobs;
     pub mod processes;
 }
 
@@ -1020,4 +1021,146 @@ async fn a_5xx_is_logged_once() {
         !logged.iter().any(|l| l.contains("response failed")),
         "{logged:#?}"
     );
+}
+
+/// Polls an outside process's state until `done` (at most 20 s).
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let since = std::time::Instant::now();
+    while !done() {
+        assert!(
+            since.elapsed() < Duration::from_secs(20),
+            "{what}: not within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The only replica killed (SIGKILL) while it runs jobs, then started again: each job
+/// is taken over once its lease lapses and ends once, with its result; the killed runs
+/// were aborted upstream and charged nothing, so each job is charged once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_cut_by_a_sigkill_finish_after_a_restart_charged_once() {
+    const JOBS: usize = 4;
+    let dir = tempfile::tempdir().unwrap();
+    // 20 tokens 50 ms apart: a run takes about a second.
+    let (mock, upstream) = start_mock(50);
+    let config = write_config(dir.path(), &upstream);
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text = text.replacen("[[models]]", "[jobs]\nlease_ms = 1000\n\n[[models]]", 1);
+    std::fs::write(&config, text).unwrap();
+    let secret = create_key(&config, "jobs");
+    let client = reqwest::Client::new();
+
+    let (mut server, url) = serve(&config, "killed");
+    let mut ids = Vec::new();
+    for n in 0..JOBS {
+        ids.push(common::jobs::submit(&client, &url, &secret, &format!("restart-{n}"), 20).await);
+    }
+    until("every job running", || mock.in_flight() == JOBS).await;
+    server.0.kill().unwrap();
+    server.0.wait().unwrap();
+    until("the killed runs aborted upstream", || {
+        mock.cancelled() == JOBS
+    })
+    .await;
+
+    let (server, url) = serve(&config, "restarted");
+    let mut charged = 0;
+    for id in &ids {
+        let job = common::jobs::harvest(&client, &url, &secret, id, Duration::from_secs(30)).await;
+        assert_eq!(job["status"], "succeeded", "{job}");
+        assert_eq!(job["attempts"], 2, "{job}");
+        assert_eq!(job["result"]["usage"]["completion_tokens"], 20);
+        charged += job["result"]["usage"]["total_tokens"].as_u64().unwrap();
+    }
+    let mut prompts = mock.prompts();
+    prompts.sort();
+    let expected: Vec<String> = (0..JOBS)
+        .flat_map(|n| [format!("restart-{n}"), format!("restart-{n}")])
+        .collect();
+    assert_eq!(
+        prompts, expected,
+        "each job ran twice: the killed run and its takeover"
+    );
+    assert!(terminate(server));
+    let ledger = ledger_ids(&dir.path().join("fg.db")).await;
+    for id in &ids {
+        assert!(ledger.contains(id), "{id} is charged");
+    }
+    let usage: serde_json::Value = serde_json::from_str(
+        &String::from_utf8(fleetgate(&config, &["keys", "usage", &secret[..12], "--json"]).stdout)
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(usage["used_tokens"], charged, "charged once per job");
+}
+
+/// `fleetgate jobs list|show|cancel` against the store a server writes: metadata only
+/// (never the prompt); a cancel from the CLI is seen by the server's harvest.
+#[tokio::test]
+async fn the_jobs_cli_lists_shows_and_cancels_without_showing_content() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_mock, upstream) = start_mock(0);
+    let config = write_config(dir.path(), &upstream);
+    let text = std::fs::read_to_string(&config).unwrap();
+    // No workers: the jobs stay queued.
+    std::fs::write(
+        &config,
+        text.replacen("[[models]]", "[jobs]\nworkers = 0\n\n[[models]]", 1),
+    )
+    .unwrap();
+    let secret = create_key(&config, "jobs");
+    let client = reqwest::Client::new();
+    let (server, url) = serve(&config, "jobs cli");
+    let first = common::jobs::submit(&client, &url, &secret, "a secret prompt", 2).await;
+    let second = common::jobs::submit(&client, &url, &secret, "another secret prompt", 2).await;
+
+    let listed = fleetgate(&config, &["jobs", "list", "--json"]);
+    assert!(listed.status.success());
+    let listed = String::from_utf8(listed.stdout).unwrap();
+    let ids: Vec<String> = listed
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(ids, [second.clone(), first.clone()], "newest first");
+    let table =
+        String::from_utf8(fleetgate(&config, &["jobs", "list", "--status", "queued"]).stdout)
+            .unwrap();
+    assert!(
+        table.contains(&first) && table.contains("queued"),
+        "{table}"
+    );
+    let shown = String::from_utf8(fleetgate(&config, &["jobs", "show", &first]).stdout).unwrap();
+    let shown: serde_json::Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(shown["status"], "queued");
+    for out in [&listed, &table, &shown.to_string()] {
+        assert!(!out.contains("secret prompt"), "content shown: {out}");
+    }
+
+    let cancelled = fleetgate(&config, &["jobs", "cancel", &first]);
+    assert!(
+        String::from_utf8(cancelled.stdout)
+            .unwrap()
+            .contains("Cancelled")
+    );
+    let job = common::jobs::harvest(&client, &url, &secret, &first, Duration::from_secs(10)).await;
+    assert_eq!(job["status"], "cancelled");
+    let failing = |args: &[&str]| {
+        let output = Command::new(FLEETGATE)
+            .args(args)
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{args:?} succeeded");
+        String::from_utf8(output.stderr).unwrap()
+    };
+    assert!(failing(&["jobs", "show", "job_nope"]).contains("no job with id 'job_nope'"));
+    assert!(failing(&["jobs", "list", "--status", "lost"]).contains("expected one of queued"));
+    assert!(terminate(server));
 }

@@ -21,6 +21,7 @@
 
 /// The parts of the shared harness (`tests/common`) these tests use.
 mod common {
+    pub mod jobs;
     pub mod postgres;
     pub mod processes;
 }
@@ -1410,4 +1411,266 @@ async fn three_replicas_ride_out_every_fault_with_exact_budgets() {
     drop(redis);
     drop(node_a);
     drop(replicas);
+}
+
+// ---------------------------------------------------------------------------------------
+// Completion jobs
+// ---------------------------------------------------------------------------------------
+
+/// Two replicas over one database and Redis prefix with `[jobs]` settings of their own
+/// (`jobs_a`, `jobs_b`), in front of one mock-vllm; replica B is started by the test.
+struct JobCluster {
+    a: Option<Proc>,
+    url_a: String,
+    config_b: PathBuf,
+    key: String,
+    mock: MockNode,
+    client: reqwest::Client,
+    _redis: RedisPrefix,
+    database: FreshDatabase,
+    _dir: tempfile::TempDir,
+}
+
+impl JobCluster {
+    async fn start(test: &str, token_delay_ms: u64, jobs_a: &str, jobs_b: &str) -> Self {
+        let redis = RedisPrefix::new(test);
+        let database = FreshDatabase::create("fg_replicas").await;
+        let dir = tempfile::tempdir().unwrap();
+        let (mock, upstream) = start_mock(token_delay_ms);
+        let config_with = |name: &str, jobs: &str| {
+            let sub = dir.path().join(name);
+            std::fs::create_dir_all(&sub).unwrap();
+            let path = write_config(&sub, &database.url, &redis.url, &redis.prefix, &[&upstream]);
+            let text = std::fs::read_to_string(&path).unwrap();
+            let text = text.replacen("[[models]]", &format!("[jobs]\n{jobs}\n\n[[models]]"), 1);
+            std::fs::write(&path, text).unwrap();
+            path
+        };
+        let config_a = config_with("a", jobs_a);
+        let config_b = config_with("b", jobs_b);
+        let key = create_key(
+            &config_a,
+            &[
+                "--rpm",
+                "1000000",
+                "--max-concurrent",
+                "64",
+                "--max-queued",
+                "1000",
+            ],
+        );
+        let (a, url_a) = serve(&config_a, "replica A");
+        Self {
+            a: Some(a),
+            url_a,
+            config_b,
+            key,
+            mock,
+            client: reqwest::Client::new(),
+            _redis: redis,
+            database,
+            _dir: dir,
+        }
+    }
+
+    /// Replica B.
+    fn start_b(&self) -> (Proc, String) {
+        serve(&self.config_b, "replica B")
+    }
+
+    async fn pg(&self) -> PgConnection {
+        PgConnection::connect(&self.database.url).await.unwrap()
+    }
+}
+
+/// Polls an outside process's state until `done` (at most [`SOON`] × 2).
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let since = Instant::now();
+    while !done() {
+        assert!(
+            since.elapsed() < 2 * SOON,
+            "{what}: not within {:?}",
+            2 * SOON
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// 500 jobs submitted through two replicas whose workers share one PostgreSQL job
+/// table: every job ends `succeeded`, and mock-vllm received each job's prompt exactly
+/// once; the ledger holds one charge per job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL and Redis (set TEST_POSTGRES_URL, TEST_REDIS_URL)"]
+async fn two_replicas_run_500_jobs_none_twice_none_lost() {
+    const JOBS: usize = 500;
+    let cluster = JobCluster::start("jobs500", 0, "workers = 8", "workers = 8").await;
+    let (_b, url_b) = cluster.start_b();
+    let urls = [cluster.url_a.clone(), url_b];
+    // Submitted 25 at a time, alternately through A and B.
+    let mut ids = Vec::new();
+    for batch in (0..JOBS).collect::<Vec<_>>().chunks(25) {
+        let submits = batch.iter().map(|&n| {
+            let (client, url, key) = (
+                cluster.client.clone(),
+                urls[n % 2].clone(),
+                cluster.key.clone(),
+            );
+            tokio::spawn(async move {
+                common::jobs::submit(&client, &url, &key, &format!("job-{n}"), 2).await
+            })
+        });
+        for submit in submits.collect::<Vec<_>>() {
+            ids.push(submit.await.unwrap());
+        }
+    }
+    // Harvested through the other replica than the one that took each.
+    let mut charged = 0;
+    for (n, id) in ids.iter().enumerate() {
+        let job = common::jobs::harvest(
+            &cluster.client,
+            &urls[(n + 1) % 2],
+            &cluster.key,
+            id,
+            6 * SOON,
+        )
+        .await;
+        assert_eq!(job["status"], "succeeded", "{job}");
+        charged += job["result"]["usage"]["total_tokens"].as_u64().unwrap();
+    }
+    // Both replicas' workers took part.
+    for url in &urls {
+        let metrics = cluster
+            .client
+            .get(format!("{url}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let ran = metrics
+            .lines()
+            .find(|l| l.starts_with("fleetgate_job_runs_total{outcome=\"succeeded\"}"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        assert!(ran > 0.0, "{url} ran no job");
+    }
+    let prompts = cluster.mock.prompts();
+    let mut seen = std::collections::HashMap::new();
+    for prompt in &prompts {
+        *seen.entry(prompt.as_str()).or_insert(0) += 1;
+    }
+    assert_eq!(seen.len(), JOBS, "every job ran");
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "ran more than once: {twice:?}");
+    let mut pg = cluster.pg().await;
+    let (rows, tokens): (i64, i64) = sqlx::query_as(
+        "SELECT COUNT(*), CAST(COALESCE(SUM(prompt_tokens + completion_tokens), 0) AS BIGINT) \
+         FROM usage_ledger WHERE request_id LIKE 'job_%'",
+    )
+    .fetch_one(&mut pg)
+    .await
+    .unwrap();
+    assert_eq!((rows, tokens), (JOBS as i64, charged as i64));
+}
+
+/// A replica killed (SIGKILL) while it runs jobs: once their leases lapse, the other
+/// replica takes them over; each ends once with its result and is charged once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL and Redis (set TEST_POSTGRES_URL, TEST_REDIS_URL)"]
+async fn jobs_of_a_killed_replica_are_taken_over_by_the_other() {
+    const JOBS: usize = 4;
+    // 20 tokens 50 ms apart: a run takes about a second.
+    let mut cluster = JobCluster::start("jobkill", 50, "lease_ms = 1000", "lease_ms = 1000").await;
+    let mut ids = Vec::new();
+    for n in 0..JOBS {
+        ids.push(
+            common::jobs::submit(
+                &cluster.client,
+                &cluster.url_a,
+                &cluster.key,
+                &format!("kill-{n}"),
+                20,
+            )
+            .await,
+        );
+    }
+    until("A runs every job", || cluster.mock.in_flight() == JOBS).await;
+    let (_b, url_b) = cluster.start_b();
+    let mut a = cluster.a.take().unwrap();
+    a.0.kill().unwrap();
+    a.0.wait().unwrap();
+    let mut charged = 0;
+    for id in &ids {
+        let job = common::jobs::harvest(&cluster.client, &url_b, &cluster.key, id, 3 * SOON).await;
+        assert_eq!(job["status"], "succeeded", "{job}");
+        charged += job["result"]["usage"]["total_tokens"].as_u64().unwrap();
+    }
+    assert_eq!(
+        cluster.mock.cancelled(),
+        JOBS,
+        "the killed runs were aborted upstream"
+    );
+    // Each job reached the node twice: A's run, cut by the kill, and B's.
+    let mut prompts = cluster.mock.prompts();
+    prompts.sort();
+    let expected: Vec<String> = (0..JOBS)
+        .flat_map(|n| [format!("kill-{n}"), format!("kill-{n}")])
+        .collect();
+    assert_eq!(prompts, expected);
+    let mut pg = cluster.pg().await;
+    let tokens: i64 = sqlx::query_scalar(
+        "SELECT CAST(COALESCE(SUM(prompt_tokens + completion_tokens), 0) AS BIGINT) FROM usage_ledger",
+    )
+    .fetch_one(&mut pg)
+    .await
+    .unwrap();
+    assert_eq!(tokens, charged as i64, "each job charged once");
+}
+
+/// A long-poll on replica B (which runs no jobs) wakes within 100 ms of replica A
+/// ending the job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL and Redis (set TEST_POSTGRES_URL, TEST_REDIS_URL)"]
+async fn a_long_poll_wakes_when_another_replica_ends_the_job() {
+    // 10 tokens 30 ms apart: the job ends about 0.3 s after it starts.
+    let cluster = JobCluster::start("joblongpoll", 30, "workers = 4", "workers = 0").await;
+    let (_b, url_b) = cluster.start_b();
+    let mut pg = cluster.pg().await;
+    for n in 0..3 {
+        let id = common::jobs::submit(
+            &cluster.client,
+            &url_b,
+            &cluster.key,
+            &format!("wake-{n}"),
+            10,
+        )
+        .await;
+        let response = cluster
+            .client
+            .get(format!("{url_b}/v1/harvest/{id}?wait=30"))
+            .bearer_auth(&cluster.key)
+            .send()
+            .await
+            .unwrap();
+        let answered_ms = i64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis(),
+        )
+        .unwrap();
+        let job: Value = response.json().await.unwrap();
+        assert_eq!(job["status"], "succeeded", "{job}");
+        let finished_ms: i64 = sqlx::query_scalar("SELECT finished_at_ms FROM jobs WHERE id = $1")
+            .bind(&id)
+            .fetch_one(&mut pg)
+            .await
+            .unwrap();
+        let late = answered_ms - finished_ms;
+        assert!(
+            (0..100).contains(&late),
+            "B answered {late} ms after A ended the job"
+        );
+    }
 }

@@ -70,19 +70,52 @@ pub async fn admit(
     };
     match outcome {
         Ok(grant) => Ok(grant),
-        Err(denial) => {
-            state.metrics().admission_refused(match denial {
-                Denial::RateLimited { .. } => Refusal::RateLimited,
-                Denial::QueueFull { .. } => Refusal::QueueFull,
-                Denial::BudgetExceeded { .. } => Refusal::BudgetExceeded,
-                Denial::Unavailable(_) => Refusal::Unavailable,
-            });
-            if let (Denial::Unavailable(_), Some(give_back)) = (&denial, state.give_back()) {
-                give_back.push(key, lease);
-            }
-            Err(refusal(state, key, limits, denial).await)
-        }
+        Err(denial) => Err(refused(state, key, limits, lease, denial).await),
     }
+}
+
+/// Whether `lease` would be admitted now, without keeping what it takes: a running slot
+/// taken is given back at once, a queue place left (a free place in the queue is an
+/// admission too). Refusals are [`admit`]'s; the rate counts the start.
+pub async fn check(
+    state: &AppState,
+    key: i64,
+    limits: &KeyLimits,
+    cost: &Cost,
+    lease: &str,
+) -> Result<(), ApiError> {
+    let limiter = state.limiter();
+    let given_back = match limiter.admit(key, limits, cost, lease).await {
+        Ok(Admitted::Running(grant)) => limiter.finish(key, lease, &grant, 0).await,
+        Ok(Admitted::Queued) => limiter.leave(key, lease).await,
+        Err(denial) => return Err(refused(state, key, limits, lease, denial).await),
+    };
+    if let Err(err) = given_back {
+        // The shared counters' leases expire: what could not be given back now comes
+        // back then.
+        tracing::warn!(error = %err, "could not give back a checked admission");
+    }
+    Ok(())
+}
+
+/// Counts a refusal, and gives back what a shared backend may have applied unseen.
+async fn refused(
+    state: &AppState,
+    key: i64,
+    limits: &KeyLimits,
+    lease: &str,
+    denial: Denial,
+) -> ApiError {
+    state.metrics().admission_refused(match denial {
+        Denial::RateLimited { .. } => Refusal::RateLimited,
+        Denial::QueueFull { .. } => Refusal::QueueFull,
+        Denial::BudgetExceeded { .. } => Refusal::BudgetExceeded,
+        Denial::Unavailable(_) => Refusal::Unavailable,
+    });
+    if let (Denial::Unavailable(_), Some(give_back)) = (&denial, state.give_back()) {
+        give_back.push(key, lease);
+    }
+    refusal(state, key, limits, denial).await
 }
 
 /// The client-facing error for a refusal.

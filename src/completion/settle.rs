@@ -46,6 +46,8 @@ pub struct Settlement {
     /// ended, failed or was dropped).
     in_flight: Option<(InFlight, GaugeGuard)>,
     settled: bool,
+    /// The usage row's id, when not the lease (see [`Settlement::charge_as`]).
+    usage_id: Option<String>,
 }
 
 impl Settlement {
@@ -85,7 +87,14 @@ impl Settlement {
             meter: Meter::json(),
             charged: true,
             settled: false,
+            usage_id: None,
         }
+    }
+
+    /// Records the usage under `id` rather than the lease: a job's id, the same for
+    /// every run of it, so that the ledger (one row per id) charges a job once.
+    pub fn charge_as(&mut self, id: String) {
+        self.usage_id = Some(id);
     }
 
     /// The request's metadata row.
@@ -148,10 +157,11 @@ impl Settlement {
         let state = self.state.clone();
         let limiter: Arc<dyn Limiter> = state.limiter_handle();
         let (key, lease, grant) = (self.key, self.lease.clone(), self.grant.clone());
+        let usage_id = self.usage_id.take().unwrap_or_else(|| lease.clone());
         Some(self.state.tasks().spawn(async move {
             let row = UsageRow {
                 key_id: key,
-                request_id: lease.clone(),
+                request_id: usage_id,
                 month: grant.month.to_string(),
                 prompt_tokens,
                 completion_tokens,

@@ -22,7 +22,7 @@ use crate::http::envelope::RequestId;
 use crate::metrics::{FinishedRequest, Metrics};
 use crate::request_log::RequestLog;
 use crate::state::AppState;
-use crate::store::RequestLogRow;
+use crate::store::{RequestLogRow, now_unix_ms};
 
 /// `X-Acs-Workload` when it is one of the two known values; others are ignored.
 pub fn workload(headers: &axum::http::HeaderMap) -> Option<&str> {
@@ -46,6 +46,46 @@ struct Open {
 }
 
 impl RequestRecord {
+    /// Opens a record; the row is written when its last holder lets go (the opener is
+    /// the first).
+    pub fn open(
+        state: &AppState,
+        request_id: String,
+        endpoint: String,
+        workload: Option<String>,
+        client_ip: Option<std::net::IpAddr>,
+    ) -> Self {
+        Self(Arc::new(Mutex::new(Open {
+            row: RequestLogRow {
+                request_id,
+                created_at_ms: now_unix_ms(),
+                key_id: None,
+                key_prefix: None,
+                email: None,
+                client_ip,
+                endpoint,
+                model: None,
+                prompt_tokens: None,
+                completion_tokens: None,
+                status: 0,
+                error_code: None,
+                latency_ms: 0,
+                workload,
+            },
+            started: Instant::now(),
+            holders: 1,
+            log: state.request_log().clone(),
+            metrics: state.metrics().clone(),
+        })))
+    }
+
+    /// The outcome the row reports: the status sent and the error code, if any.
+    pub fn set_outcome(&self, status: u16, error_code: Option<&str>) {
+        let mut open = self.lock();
+        open.row.status = status;
+        open.row.error_code = error_code.map(str::to_owned);
+    }
+
     fn lock(&self) -> MutexGuard<'_, Open> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -117,39 +157,12 @@ pub async fn record(State(state): State<AppState>, mut request: Request, next: N
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|info| info.0.ip());
-    let record = RequestRecord(Arc::new(Mutex::new(Open {
-        row: RequestLogRow {
-            request_id,
-            created_at_ms: unix_ms(),
-            key_id: None,
-            key_prefix: None,
-            email: None,
-            client_ip,
-            // Unknown paths are the client's text: keep the row small.
-            endpoint: request.uri().path().chars().take(256).collect(),
-            model: None,
-            prompt_tokens: None,
-            completion_tokens: None,
-            status: 0,
-            error_code: None,
-            latency_ms: 0,
-            workload,
-        },
-        started: Instant::now(),
-        holders: 1,
-        log: state.request_log().clone(),
-        metrics: state.metrics().clone(),
-    })));
+    let endpoint = request.uri().path().chars().take(256).collect();
+    let record = RequestRecord::open(&state, request_id, endpoint, workload, client_ip);
     request.extensions_mut().insert(record.clone());
     let response = next.run(request).await;
-    {
-        let mut open = record.lock();
-        open.row.status = response.status().as_u16();
-        open.row.error_code = response
-            .extensions()
-            .get::<ErrorBody>()
-            .map(|e| e.code.to_owned());
-    }
+    let error_code = response.extensions().get::<ErrorBody>().map(|e| e.code);
+    record.set_outcome(response.status().as_u16(), error_code);
     record.release();
     response
 }
@@ -174,11 +187,4 @@ fn log_line(row: &RequestLogRow) {
 
 fn is_api_path(path: &str) -> bool {
     path.starts_with("/v1/") || path.starts_with("/admin/") || path == "/admin"
-}
-
-fn unix_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }

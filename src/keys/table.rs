@@ -77,6 +77,12 @@ impl KeyTable {
         self.read().get(prefix).cloned()
     }
 
+    /// The key with this id, as the table has it now (a scan: for work off the request
+    /// path, such as a job's run).
+    pub fn by_id(&self, id: i64) -> Option<Arc<KeyRecord>> {
+        self.read().values().find(|key| key.id == id).cloned()
+    }
+
     /// The key with this prefix: from the table, or after a pull of the change feed
     /// when the table does not have it (see the module notes for the bounds).
     /// `Ok(None)`: no such key. `Err`: not in the table, and the store could not be

@@ -26,6 +26,7 @@ pub fn needing_restart(running: &Config, next: &Config) -> Vec<String> {
         admin_token,
         traces,
         workbench,
+        jobs,
         models,
         source: _,
     } = running;
@@ -51,6 +52,7 @@ pub fn needing_restart(running: &Config, next: &Config) -> Vec<String> {
         ("admin_token", *admin_token == next.admin_token),
         ("traces", *traces == next.traces),
         ("workbench", *workbench == next.workbench),
+        ("jobs", *jobs == next.jobs),
     ];
     let mut changed: Vec<String> = settings
         .into_iter()

@@ -296,6 +296,14 @@ pub(super) fn insert_error(err: sqlx::Error, prefix: &str) -> StoreError {
 }
 
 /// Now, in Unix seconds.
+/// Unix milliseconds now.
+pub fn now_unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
 pub fn now_unix() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -6,11 +6,11 @@
 //! unless a column's name says otherwise (`created_at_ms`).
 //!
 //! Tables: `api_keys` (with each key's limit overrides), `usage_ledger` (the durable
-//! truth of monthly budgets) and `request_log` (request metadata, never prompt or
-//! completion text; written in batches by [`crate::request_log::RequestLog`]).
-//! The Workbench's and Loom's saved work (`workbench_items`, `loom_trees`,
-//! `loom_nodes`) sits behind a trait of its own, [`workbench::WorkbenchStore`], reached
-//! through [`Store::workbench`].
+//! truth of monthly budgets), `request_log` (request metadata, never prompt or
+//! completion text; written in batches by [`crate::request_log::RequestLog`]) and `jobs`
+//! (completion jobs, [`JobStore`]). The Workbench's and Loom's saved work
+//! (`workbench_items`, `loom_trees`, `loom_nodes`) sits behind a trait of its own,
+//! [`workbench::WorkbenchStore`], reached through [`Store::workbench`].
 
 use std::sync::Arc;
 
@@ -32,23 +32,31 @@ macro_rules! request_log_columns {
     };
 }
 
-// `shared` first: its macro is used by the backends declared after it.
+// `shared`, `job_sql` and `workbench_sql` first: their macros are used by the backends
+// declared after them.
 #[macro_use]
 mod shared;
 #[macro_use]
+mod job_sql;
+#[macro_use]
 mod workbench_sql;
+mod backend;
 mod columns;
-mod error;
+mod jobs;
 mod postgres;
 mod records;
 mod sqlite;
 pub mod workbench;
 
-pub use columns::now_unix;
+pub use backend::Store;
+pub use columns::{now_unix, now_unix_ms};
+pub use jobs::{
+    Inserted, JobQuery, JobRow, JobStatus, JobStore, NewJob, Outcome, Retention, Swept,
+};
 pub use postgres::PostgresStore;
 pub use records::{
     KeyChange, KeyRecord, KeySignals, LimitOverrides, LimitUpdate, RequestLogRow, RequestQuery,
-    SpendQuery, SpendRow, StatusMatch, Store, StoreError, UsageRow,
+    SpendQuery, SpendRow, StatusMatch, StoreError, UsageRow,
 };
 pub use sqlite::SqliteStore;
 

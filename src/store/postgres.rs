@@ -14,11 +14,11 @@ use super::columns::{
 };
 use futures_util::StreamExt as _;
 
+use super::Store;
 use super::records::{
     KeyChange, KeyRecord, KeySignals, LimitOverrides, LimitUpdate, RequestLogRow, RequestQuery,
-    SpendQuery, SpendRow, Store, StoreError, UsageRow,
+    SpendQuery, SpendRow, StoreError, UsageRow,
 };
-use super::workbench::WorkbenchStore;
 use crate::keys::NewKey;
 
 static MIGRATOR: Migrator = sqlx::migrate!("migrations/postgres");
@@ -67,10 +67,6 @@ impl PostgresStore {
 impl_workbench_store!(PostgresStore, sqlx::Postgres);
 
 impl_store!(PostgresStore, sqlx::Postgres {
-    fn workbench(&self) -> &dyn WorkbenchStore {
-        self
-    }
-
     async fn key_change_signals(&self) -> Option<KeySignals> {
         // A connection of its own, outside the pool: a listener holds its connection for
         // as long as it listens, which would leave the pool one short for requests.
@@ -184,3 +180,5 @@ impl<'a> LogArrays<'a> {
         self.workload.push(row.workload.as_deref());
     }
 }
+
+impl_job_store!(PostgresStore, sqlx::Postgres, " FOR UPDATE SKIP LOCKED");

@@ -1,11 +1,7 @@
 //! What the store holds (a key and its limit overrides, a ledger row, a request-log
-//! row), the [`Store`] trait both backends implement, and its errors.
+//! row) and its errors; the [`Store`](super::Store) trait is in `backend.rs`.
 
 use std::net::IpAddr;
-
-pub use super::error::StoreError;
-use super::workbench::WorkbenchStore;
-use crate::keys::NewKey;
 
 /// One row of `api_keys`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -120,99 +116,6 @@ impl KeyRecord {
     }
 }
 
-#[async_trait::async_trait]
-pub trait Store: Send + Sync + 'static {
-    /// Stores a new key (its prefix and hash, never the secret) with its initial limit
-    /// overrides. A key whose prefix is already taken is refused with
-    /// [`StoreError::Duplicate`]; the caller may generate another. Out-of-range limits:
-    /// [`StoreError::Invalid`].
-    async fn create_key(
-        &self,
-        name: &str,
-        email: Option<&str>,
-        key: &NewKey,
-        limits: &LimitOverrides,
-    ) -> Result<KeyRecord, StoreError>;
-
-    /// `id_or_prefix`: a decimal id, or a key prefix. The key, revoked or not; None if no
-    /// such key.
-    async fn key(&self, id_or_prefix: &str) -> Result<Option<KeyRecord>, StoreError>;
-
-    /// Every key (revoked ones included) created or changed after change number
-    /// `since`, in change order; `since = 0`: all keys. What a server's key table reads
-    /// at start and then polls; one range scan on an index.
-    async fn keys_changed_since(&self, since: i64) -> Result<Vec<KeyChange>, StoreError>;
-
-    /// A signal each time key changes are committed, for a backend that announces them
-    /// (PostgreSQL: `NOTIFY fleetgate_keys` from the key feed trigger), so that a key
-    /// table pulls at once rather than at its next poll; `None`: poll only (SQLite, or
-    /// the database cannot be reached now). The stream ends when its connection is
-    /// lost; a notification missed meanwhile is caught by the poll.
-    async fn key_change_signals(&self) -> Option<KeySignals> {
-        None
-    }
-
-    /// All keys, revoked ones included, oldest first.
-    async fn list_keys(&self) -> Result<Vec<KeyRecord>, StoreError>;
-
-    /// `id_or_prefix`: a decimal id, or a key prefix. Returns the revoked record, None if
-    /// no such key. Revoking twice keeps the first revoked_at.
-    async fn revoke_key(&self, id_or_prefix: &str) -> Result<Option<KeyRecord>, StoreError>;
-
-    /// Changes a key's limit overrides (revoked keys too) in one statement and returns
-    /// the updated record; None if no such key. Out-of-range limits:
-    /// [`StoreError::Invalid`], and nothing changes.
-    async fn set_limits(
-        &self,
-        id_or_prefix: &str,
-        update: &LimitUpdate,
-    ) -> Result<Option<KeyRecord>, StoreError>;
-
-    /// Records a finished request's usage. Idempotent on `request_id`: recording the same
-    /// request again (a retry) changes nothing, whatever its counts. A month that is not
-    /// `YYYY-MM` or counts above `i64::MAX`: [`StoreError::Invalid`]; an unknown key: a
-    /// database error (foreign key).
-    async fn record_usage(&self, row: &UsageRow) -> Result<(), StoreError> {
-        self.record_usages(std::slice::from_ref(row)).await
-    }
-
-    /// Records finished requests' usage in one transaction: all rows or none (a bad
-    /// row refuses the batch, as [`Store::record_usage`] says). Each row is idempotent
-    /// on its `request_id`, so a batch retried after an unclear commit counts nothing
-    /// twice.
-    async fn record_usages(&self, rows: &[UsageRow]) -> Result<(), StoreError>;
-
-    /// The key's recorded tokens (prompt + completion) for `month` (`YYYY-MM`); 0 when
-    /// there are none. One indexed lookup.
-    async fn month_usage(&self, key_id: i64, month: &str) -> Result<u64, StoreError>;
-
-    /// Appends request metadata rows, all in one transaction (all or none). Rows whose
-    /// `request_id` is already logged are skipped.
-    async fn append_request_log(&self, rows: &[RequestLogRow]) -> Result<(), StoreError>;
-
-    /// The latest `limit` request log rows, newest (`created_at_ms`) first.
-    async fn recent_requests(&self, limit: u32) -> Result<Vec<RequestLogRow>, StoreError> {
-        self.requests(&RequestQuery {
-            limit,
-            ..RequestQuery::default()
-        })
-        .await
-    }
-
-    /// The request log rows `query` selects, newest (`created_at_ms`) first.
-    async fn requests(&self, query: &RequestQuery) -> Result<Vec<RequestLogRow>, StoreError>;
-
-    /// Requests and tokens from the request log, per UTC day, key and model, oldest day
-    /// first; only requests made with a key.
-    async fn spend(&self, query: &SpendQuery) -> Result<Vec<SpendRow>, StoreError>;
-
-    /// A round trip to the database, for health checks.
-    async fn ping(&self) -> Result<(), StoreError>;
-
-    /// The Workbench's and Loom's saved work, in the same database.
-    fn workbench(&self) -> &dyn WorkbenchStore;
-}
-
 /// Which request log rows to read; every filter is optional.
 #[derive(Debug, Clone, Default)]
 pub struct RequestQuery {
@@ -266,4 +169,43 @@ pub struct SpendRow {
     pub requests: u64,
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error")]
+    Database(#[from] sqlx::Error),
+    #[error("database migration failed")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The URL's scheme (never the whole URL, which may hold a password).
+    #[error(
+        "unsupported database URL scheme {0:?}: use sqlite://PATH, sqlite::memory:, postgres://… or postgresql://…"
+    )]
+    UnsupportedUrl(String),
+    #[error("invalid database URL: {0}")]
+    InvalidUrl(String),
+    /// Opening the store at start-up failed; `url` has no password.
+    #[error("cannot open the store at {url}")]
+    Open {
+        url: String,
+        #[source]
+        source: Box<StoreError>,
+    },
+    /// The store could not be reached when it was needed (its own error was logged
+    /// where it happened).
+    #[error("the store cannot be reached")]
+    Unavailable,
+    /// A key with this prefix already exists.
+    #[error("a key with prefix {0} already exists")]
+    Duplicate(String),
+    /// A value the schema cannot hold (a limit out of range, a malformed month…); the
+    /// message names the field, never a secret.
+    #[error("invalid value: {0}")]
+    Invalid(String),
+    #[error("cannot create the directory {}", .path.display())]
+    CreateDir {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }

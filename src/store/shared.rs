@@ -54,6 +54,14 @@ macro_rules! impl_store {
 
         #[async_trait::async_trait]
         impl Store for $store {
+            fn jobs(&self) -> &dyn super::JobStore {
+                self
+            }
+
+            fn workbench(&self) -> &dyn super::workbench::WorkbenchStore {
+                self
+            }
+
             async fn create_key(
                 &self,
                 name: &str,

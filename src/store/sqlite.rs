@@ -7,15 +7,15 @@ use sqlx::SqlitePool;
 use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
+use super::Store;
 use super::columns::{
     KeySelector, LimitColumns, LogColumns, UpdateColumns, UsageColumns, convert, insert_error,
     now_unix, text_column,
 };
 use super::records::{
     KeyChange, KeyRecord, LimitOverrides, LimitUpdate, RequestLogRow, RequestQuery, SpendQuery,
-    SpendRow, Store, StoreError, UsageRow,
+    SpendRow, StoreError, UsageRow,
 };
-use super::workbench::WorkbenchStore;
 use crate::backoff::Backoff;
 use crate::keys::NewKey;
 
@@ -162,10 +162,6 @@ fn is_busy(err: &sqlx::Error) -> bool {
 impl_workbench_store!(SqliteStore, sqlx::Sqlite);
 
 impl_store!(SqliteStore, sqlx::Sqlite {
-    fn workbench(&self) -> &dyn WorkbenchStore {
-        self
-    }
-
     async fn append_request_log(&self, rows: &[RequestLogRow]) -> Result<(), StoreError> {
         if rows.is_empty() {
             return Ok(());
@@ -204,6 +200,8 @@ impl_store!(SqliteStore, sqlx::Sqlite {
         Ok(())
     }
 });
+
+impl_job_store!(SqliteStore, sqlx::Sqlite, "");
 
 #[cfg(test)]
 mod tests {

@@ -6,7 +6,7 @@
 //! another key owns is as absent as what does not exist. Every method that depends on
 //! the time takes `now` (Unix seconds), so that tests can move the clock.
 
-use super::error::StoreError;
+use super::records::StoreError;
 
 /// One row of `workbench_items`: a saved prompt or run, or a recovery checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]

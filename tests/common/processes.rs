@@ -67,6 +67,30 @@ impl Drop for MockNode {
     }
 }
 
+impl MockNode {
+    /// The prompts of the completion requests the node received, in arrival order.
+    pub fn prompts(&self) -> Vec<String> {
+        let Some(mock) = &self.mock else {
+            return Vec::new();
+        };
+        mock.received()
+            .into_iter()
+            .filter(|r| r.path == "/v1/completions")
+            .filter_map(|r| r.json()["prompt"].as_str().map(str::to_owned))
+            .collect()
+    }
+
+    /// Completion requests running on the node now.
+    pub fn in_flight(&self) -> usize {
+        self.mock.as_ref().map_or(0, mock_vllm::MockVllm::in_flight)
+    }
+
+    /// Completion requests whose client went away before the answer ended.
+    pub fn cancelled(&self) -> usize {
+        self.mock.as_ref().map_or(0, mock_vllm::MockVllm::cancelled)
+    }
+}
+
 pub fn start_mock(token_delay_ms: u64) -> (MockNode, String) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

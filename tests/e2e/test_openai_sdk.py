@@ -136,3 +136,43 @@ def test_upstream_deadline_is_a_504_the_sdk_does_not_retry(gateway):
     assert err.value.response.headers["x-should-retry"] == "false"
     assert "retry-after" not in err.value.response.headers
     assert _deadline_overruns(gateway) == before + 1, "sent upstream once: no retry"
+
+
+def test_a_job_submitted_with_prefer_respond_async_is_harvested(client, gateway):
+    import json
+
+    from openai.types import Completion
+
+    raw = client.completions.with_raw_response.create(
+        model="llama-8b",
+        prompt="Once upon a time",
+        max_tokens=5,
+        extra_headers={"Prefer": "respond-async", "Idempotency-Key": "sdk-job-1"},
+    )
+    assert raw.status_code == 202
+    job = raw.http_response.json()
+    assert job["object"] == "completion.job" and job["status"] == "queued"
+    assert raw.headers["location"] == f"/v1/harvest/{job['id']}"
+
+    # A retry with the same Idempotency-Key gets the same job.
+    again = client.completions.with_raw_response.create(
+        model="llama-8b",
+        prompt="Once upon a time",
+        max_tokens=5,
+        extra_headers={"Prefer": "respond-async", "Idempotency-Key": "sdk-job-1"},
+    )
+    assert again.status_code == 200 and again.http_response.json()["id"] == job["id"]
+
+    harvest = urllib.request.Request(
+        f"{gateway['root']}{raw.headers['location']}?wait=10",
+        headers={"Authorization": f"Bearer {gateway['key']}"},
+    )
+    for _ in range(10):
+        with urllib.request.urlopen(harvest, timeout=20) as response:
+            job = json.load(response)
+        if job["status"] not in ("queued", "running"):
+            break
+    assert job["status"] == "succeeded", job
+    completion = Completion.model_validate(job["result"])
+    assert completion.model == CHECKPOINT
+    assert completion.usage.completion_tokens == 5

@@ -27,6 +27,8 @@ mod faults;
 mod fleet;
 mod gateway;
 mod health;
+mod job_store;
+mod jobs;
 mod keys;
 mod ledger;
 mod limiter;

@@ -1526,6 +1526,9 @@ impl Store for WatchedStore {
     async fn ping(&self) -> Result<(), StoreError> {
         self.inner.ping().await
     }
+    fn jobs(&self) -> &dyn fleetgate::store::JobStore {
+        self.inner.jobs()
+    }
     fn workbench(&self) -> &dyn fleetgate::store::workbench::WorkbenchStore {
         self.inner.workbench()
     }

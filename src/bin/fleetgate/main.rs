@@ -12,6 +12,7 @@ use fleetgate::server;
 
 mod cli;
 mod demo;
+mod jobs;
 mod log;
 
 /// mimalloc rather than glibc's malloc: a request makes many small allocations that
@@ -86,8 +87,46 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Completion jobs (any key's): list, show one, cancel. Metadata only, never a
+    /// job's request or result.
+    Jobs {
+        #[command(flatten)]
+        config: ConfigArg,
+        #[command(subcommand)]
+        command: JobsCommand,
+    },
     /// Print the OpenAPI document.
     Openapi,
+}
+
+#[derive(Subcommand)]
+enum JobsCommand {
+    /// The newest jobs first.
+    List {
+        /// Only this key's jobs: its id or prefix.
+        #[arg(long, value_name = "ID_OR_PREFIX")]
+        key: Option<String>,
+        /// Only jobs with this status (queued, running, succeeded, failed, expired,
+        /// cancelled).
+        #[arg(long, value_parser = jobs::status_arg)]
+        status: Option<fleetgate::store::JobStatus>,
+        /// How many jobs to show at most.
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=i64::from(jobs::MAX_LIST)))]
+        limit: u32,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One job's metadata, as JSON.
+    Show {
+        /// The job's id (`job_…`).
+        id: String,
+    },
+    /// Cancel a job: a queued one never runs; a running one is stopped upstream.
+    Cancel {
+        /// The job's id (`job_…`).
+        id: String,
+    },
 }
 
 /// The selection flags of `log` and `spend`.
@@ -350,6 +389,25 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 "{}",
                 log::spend(store.as_ref(), &config.limits, &selection, json).await?
             );
+            Ok(())
+        }
+        Command::Jobs { config, command } => {
+            let config = config.load()?;
+            let store = fleetgate::store::connect(&config.database_url).await?;
+            let store = store.as_ref();
+            let out = match command {
+                JobsCommand::List {
+                    key,
+                    status,
+                    limit,
+                    json,
+                } => jobs::list(store, &config.limits, key.as_deref(), status, limit, json).await?,
+                JobsCommand::Show { id } => jobs::show(store, &id).await?,
+                JobsCommand::Cancel { id } => jobs::cancel(store, &id).await?,
+            };
+            if !out.is_empty() {
+                println!("{out}");
+            }
             Ok(())
         }
         Command::Openapi => {

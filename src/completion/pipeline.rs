@@ -1,0 +1,412 @@
+//! The path of one completion once its body is read: check → plan → admit → dispatch →
+//! relay. The `/v1/completions` handler runs it for a synchronous call; a job's worker
+//! (`crate::jobs`) runs it for a job, with a window of its own and charged under the
+//! job's id.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::admit;
+use super::budget_refusal::{self, OnBudgetClamp};
+use super::cold;
+use super::dispatch::{self, Window};
+use super::draining::unless_draining;
+use super::job::Job;
+use super::plan::{DeadlineFit, Plan, PlanError, Planner};
+use super::request::CompletionRequest;
+use super::settle::Settlement;
+use crate::admission::KeyLimits;
+use crate::contract::{X_ACS_MAX_TOKENS_CLAMPED, X_ACS_UPSTREAM_GPU, X_ACS_UPSTREAM_MODEL};
+use crate::error::ApiError;
+use crate::fleet::{Model, NoNode, Node};
+use crate::http::auth::Caller;
+use crate::http::request_record::{RequestRecord, workload};
+use crate::state::AppState;
+use crate::upstream::Served;
+
+/// How a completion runs: a synchronous call, or a run of a job.
+#[derive(Debug, Clone, Copy)]
+pub struct Mode<'a> {
+    /// How long a non-streaming request may take upstream (`None`: no limit).
+    pub window: Option<Duration>,
+    /// The usage row's id when it is not the request id: a job's id, so that a job is
+    /// charged once, whichever of its runs settles.
+    pub charge_as: Option<&'a str>,
+    /// Whether the run counts as a start against the key's rate (a job's run does not:
+    /// its submission did).
+    pub counts_rate: bool,
+    /// Whether a budget clamp runs or is refused (`X-Acs-Budget-Clamp`).
+    pub on_budget_clamp: OnBudgetClamp,
+}
+
+impl Mode<'_> {
+    /// A client waits: the request window applies, the usage is the request's own.
+    pub fn synchronous(state: &AppState) -> Self {
+        Self {
+            window: Some(Duration::from_millis(
+                state.config().fleet.request_window_ms,
+            )),
+            charge_as: None,
+            counts_rate: true,
+            on_budget_clamp: OnBudgetClamp::Clamp,
+        }
+    }
+}
+
+/// A valid request and the model it names (`'b`: the body, `'s`: the state).
+pub struct Checked<'b, 's> {
+    pub request: CompletionRequest<'b>,
+    pub model: &'s Model,
+}
+
+impl<'b, 's> Checked<'b, 's> {
+    /// Parses the body and checks it against its model; the model goes into `record`
+    /// (also for a refused request that names a known one).
+    pub fn parse(
+        state: &'s AppState,
+        bytes: &'b [u8],
+        record: &RequestRecord,
+    ) -> Result<Self, ApiError> {
+        let request = CompletionRequest::parse(bytes).inspect_err(|_| {
+            // Count a refused request under its model when it names a known one (unknown
+            // names are not metric labels: any string could be sent).
+            if let Some(model) =
+                named_model(bytes).and_then(|id| state.fleet().resolve(Some(&id)).ok())
+            {
+                record.set_model(&model.id);
+            }
+        })?;
+        let model = state.fleet().resolve(request.model())?;
+        record.set_model(&model.id);
+        request.check_logprobs_cap(model.max_logprobs)?;
+        Ok(Self { request, model })
+    }
+}
+
+/// Runs a completion whose body has been read and checked: the response a client gets
+/// (an error as its envelope), with the upstream's model and GPU named.
+pub async fn complete(
+    state: &AppState,
+    caller: &Caller,
+    request_id: &str,
+    record: RequestRecord,
+    headers: &HeaderMap,
+    checked: Checked<'_, '_>,
+    mode: Mode<'_>,
+) -> Result<Response, ApiError> {
+    let Checked { request, model } = checked;
+    if state.config().traces.enabled() {
+        // For the trace only (see `router::trace_span`).
+        tracing::Span::current().record("model", model.id.as_str());
+    }
+    model.sleep.touch(workload(headers) == Some("interactive"));
+
+    let facts = Facts::learn(state, model).await?;
+    let tags = upstream_tags(facts.node.as_deref(), Some(&facts.served));
+    let result = forward(
+        state, caller, request_id, record, &request, model, facts, mode,
+    )
+    .await;
+    // `forward` names the node that ran the request; the one asked for the model's facts
+    // stands in only when that node failed it (counting tokens). The gateway's own
+    // refusals (limits, budget, admission, store) name no node: nothing went upstream.
+    let node_failed = result.as_ref().err().is_none_or(ApiError::from_upstream);
+    let mut response = result.unwrap_or_else(IntoResponse::into_response);
+    for (name, value) in tags {
+        if name == X_ACS_UPSTREAM_GPU && !node_failed {
+            continue;
+        }
+        response.headers_mut().entry(name).or_insert(value);
+    }
+    Ok(response)
+}
+
+/// The `model` a body names, if it is a JSON object with a string `model`, whatever
+/// else in it is wrong.
+fn named_model(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Named {
+        model: Option<String>,
+    }
+    serde_json::from_slice::<Named>(body).ok()?.model
+}
+
+/// What a model serves, and a node that is up to count tokens with (none while the
+/// model boots).
+struct Facts {
+    node: Option<Arc<Node>>,
+    served: Arc<Served>,
+}
+
+impl Facts {
+    /// Asks a node that is up (any node of the model can say what it serves and count
+    /// tokens; the node that runs the request is picked once it is admitted). When none
+    /// is up and the model has a wake hook: if its checkpoint is known from before,
+    /// planning goes on without a node (the wake follows admission); if not, the model
+    /// is woken and the request waits for the boot here, before anything is sent to
+    /// the client.
+    async fn learn(state: &AppState, model: &Model) -> Result<Self, ApiError> {
+        if let Some(facts) = Self::ask_nodes(state, model).await? {
+            return Ok(facts);
+        }
+        if !model.sleep.can_wake() {
+            return Err(NoNode::NoneUp.into_error(&model.id));
+        }
+        // Known from before: plan and admit first, and wake only a request that may run
+        // (`forward`), so a refused request never boots a GPU.
+        if let Some(served) = model.served() {
+            return Ok(Self { node: None, served });
+        }
+        Self::after_boot(state, model).await
+    }
+
+    /// Wakes the model (or joins its boot), waits for a node to come up — nothing has
+    /// been sent to the client yet — then asks it.
+    async fn after_boot(state: &AppState, model: &Model) -> Result<Self, ApiError> {
+        unless_draining(state, async {
+            model.wake(state.upstream()).await?;
+            cold::wait_booted(model).await
+        })
+        .await?;
+        Self::ask_nodes(state, model)
+            .await?
+            .ok_or_else(|| NoNode::NoneUp.into_error(&model.id))
+    }
+
+    /// `Ok(None)` when no node is up; a node that fails to answer is ejected and the
+    /// next one asked.
+    async fn ask_nodes(state: &AppState, model: &Model) -> Result<Option<Self>, ApiError> {
+        let mut last_error = None;
+        for _ in 0..model.node_count() {
+            let Some(node) = model.any_up() else { break };
+            match node.discover(state.upstream()).await {
+                Ok(served) => {
+                    return Ok(Some(Self {
+                        node: Some(node),
+                        served,
+                    }));
+                }
+                Err(err) => {
+                    dispatch::eject(state, model, &node);
+                    last_error = Some(err);
+                }
+            }
+        }
+        match last_error {
+            Some(err) if !model.sleep.can_wake() => Err(err.into()),
+            _ => Ok(None),
+        }
+    }
+}
+
+/// Plans the request (its `max_tokens`, the prompt tokens it may cost), with the tokens
+/// counted by `facts`' node; `facts` follows the node that counted.
+async fn plan(
+    state: &AppState,
+    request: &CompletionRequest<'_>,
+    model: &Model,
+    facts: &mut Facts,
+    window: Option<Duration>,
+) -> Result<Plan, ApiError> {
+    // Each node found dead while counting tokens is replaced once by another.
+    let mut attempts = model.node_count() + 1;
+    async {
+        loop {
+            let planner = Planner {
+                client: state.upstream(),
+                upstream: facts.node.as_deref(),
+                served: &facts.served,
+                deadline: window.map(|w| DeadlineFit::new(w, model.decode_tokens_per_second)),
+            };
+            let lost = facts.node.as_ref().map(|node| node.lost());
+            let planned = tokio::select! {
+                planned = planner.plan(request) => planned,
+                () = cancelled(lost.as_ref()) => Err(PlanError::NodeLost),
+            };
+            match planned {
+                Ok(plan) => return Ok(plan),
+                Err(PlanError::Refused(err)) => return Err(err),
+                // Counting needs the booting model's tokenizer: nothing has been sent to
+                // the client yet, so wait for the boot here.
+                Err(PlanError::NoNodeToCount) => *facts = Facts::after_boot(state, model).await?,
+                Err(PlanError::NodeLost) if attempts > 1 => {
+                    attempts -= 1;
+                    *facts = Facts::learn(state, model).await?;
+                }
+                Err(PlanError::NodeLost) => return Err(dispatch::stopped_answering()),
+            }
+        }
+    }
+    .instrument(tracing::debug_span!("plan"))
+    .await
+}
+
+/// The store has been away long enough that usage waiting to be recorded reached its
+/// bound: refuse rather than run requests whose usage could not be kept.
+fn unless_backlogged(state: &AppState) -> Result<(), ApiError> {
+    if state.ledger().backlogged() {
+        return Err(ApiError::StoreUnavailable);
+    }
+    Ok(())
+}
+
+/// Whether the request would be admitted now, as [`complete`] would admit it, without
+/// running it (a job's submission): plan, then take and at once give back a running
+/// slot. Counts one start against the key's rate.
+pub async fn admissible(
+    state: &AppState,
+    caller: &Caller,
+    request_id: &str,
+    checked: &Checked<'_, '_>,
+    window: Option<Duration>,
+) -> Result<(), ApiError> {
+    let Checked { request, model } = checked;
+    let mut facts = Facts::learn(state, model).await?;
+    let plan = plan(state, request, model, &mut facts, window).await?;
+    unless_backlogged(state)?;
+    let key = &caller.0;
+    let limits = KeyLimits::resolve(&state.config().limits, &key.limits);
+    admit::check(state, key.id, &limits, &plan.cost, request_id)
+        .instrument(tracing::debug_span!("admit"))
+        .await
+}
+
+/// plan → admit → dispatch → relay.
+#[allow(clippy::too_many_arguments)]
+async fn forward(
+    state: &AppState,
+    caller: &Caller,
+    request_id: &str,
+    record: RequestRecord,
+    request: &CompletionRequest<'_>,
+    model: &Model,
+    mut facts: Facts,
+    mode: Mode<'_>,
+) -> Result<Response, ApiError> {
+    let window = if request.stream() { None } else { mode.window };
+    let plan = plan(state, request, model, &mut facts, window).await?;
+    unless_backlogged(state)?;
+    let key = &caller.0;
+    let mut limits = KeyLimits::resolve(&state.config().limits, &key.limits);
+    if !mode.counts_rate {
+        // A rate no start can reach: slots and budget are checked as for any request.
+        limits.requests_per_minute = u32::MAX;
+    }
+    let grant = admit::admit(state, key.id, &limits, &plan.cost, request_id)
+        .instrument(tracing::debug_span!("admit"))
+        .await?;
+    let mut settlement = Settlement::new(
+        state.clone(),
+        key.id,
+        request_id.to_owned(),
+        grant,
+        plan.cost.prompt_tokens,
+        record,
+    );
+    if let Some(id) = mode.charge_as {
+        settlement.charge_as(id.to_owned());
+    }
+    let applied = settlement.grant().max_tokens;
+    let budget_clamped = applied < plan.cost.max_tokens;
+    if budget_clamped && mode.on_budget_clamp == OnBudgetClamp::Refuse {
+        let grant = settlement.grant().clone();
+        settlement.release_unused().await;
+        return Err(budget_refusal::refusal(state, key.id, &limits, &plan.cost, &grant).await);
+    }
+    let send_max_tokens = (budget_clamped || plan.default_max_tokens).then_some(applied);
+    let body = Bytes::from(request.upstream_body(&facts.served.name, send_max_tokens));
+    let clamp = clamp_header(&plan, applied, budget_clamped);
+    let affinity = model.affinity(request.prompt().start());
+    if model.sleep.can_wake() && !model.is_up() {
+        // Wake it (or join the boot under way), then commit a 200 and keep the client
+        // company while it boots.
+        if let Err(err) = unless_draining(state, model.wake(state.upstream())).await {
+            settlement.release_unused().await;
+            return Err(err);
+        }
+        let pending = cold::Pending {
+            state: state.clone(),
+            model_id: model.id.clone(),
+            body,
+            affinity,
+            include_usage: request.include_usage(),
+            stream: request.stream(),
+            window: Window(window),
+        };
+        let mut response = cold::respond(pending, settlement, request_id.to_owned());
+        if let Some(clamp) = clamp {
+            response
+                .headers_mut()
+                .insert(X_ACS_MAX_TOKENS_CLAMPED, clamp);
+        }
+        return Ok(response);
+    }
+    let job = Job {
+        state,
+        model,
+        include_usage: request.include_usage(),
+        body,
+        affinity,
+        window: Window(window),
+    };
+    let (result, upstream) = job.run(settlement).await;
+    let mut response = result.unwrap_or_else(IntoResponse::into_response);
+    let headers = response.headers_mut();
+    if let Some(gpu) = upstream.and_then(|u| HeaderValue::from_str(&u.gpu).ok()) {
+        headers.insert(X_ACS_UPSTREAM_GPU, gpu);
+    }
+    if let Some(clamp) = clamp {
+        headers.insert(X_ACS_MAX_TOKENS_CLAMPED, clamp);
+    }
+    Ok(response)
+}
+
+/// Resolves when `token` is cancelled; never without one.
+async fn cancelled(token: Option<&CancellationToken>) {
+    match token {
+        Some(token) => token.cancelled().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// `X-Acs-Max-Tokens-Clamped` when the request window or the budget cut `max_tokens`.
+fn clamp_header(plan: &Plan, applied: u64, budget_clamped: bool) -> Option<HeaderValue> {
+    let reason = match (plan.deadline_clamped, budget_clamped) {
+        (false, false) => return None,
+        (true, false) => "deadline",
+        (false, true) => "budget",
+        (true, true) => "deadline+budget",
+    };
+    let source = if plan.default_max_tokens {
+        "default"
+    } else {
+        "client"
+    };
+    let value = format!(
+        "requested={},applied={applied},reason={reason},source={source}",
+        plan.requested_max_tokens
+    );
+    HeaderValue::from_str(&value).ok()
+}
+
+/// `X-Acs-Upstream-Model` / `X-Acs-Upstream-Gpu`: which backend served (or failed); the
+/// model only once the upstream has said what it serves.
+fn upstream_tags(
+    upstream: Option<&Node>,
+    served: Option<&Served>,
+) -> Vec<(HeaderName, HeaderValue)> {
+    let mut tags = Vec::with_capacity(2);
+    if let Some(value) = served.and_then(|s| HeaderValue::from_str(&s.name).ok()) {
+        tags.push((X_ACS_UPSTREAM_MODEL, value));
+    }
+    if let Some(value) = upstream.and_then(|u| HeaderValue::from_str(&u.gpu).ok()) {
+        tags.push((X_ACS_UPSTREAM_GPU, value));
+    }
+    tags
+}
