@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use futures_util::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::state::AppState;
@@ -14,6 +15,9 @@ use crate::store::now_unix_ms;
 /// another replica wakes its long-polls here within about this long (one ended on
 /// this replica wakes them at once).
 pub const WATCH_EVERY: Duration = Duration::from_millis(50);
+/// How long the watch waits before listening again for the store's announcements
+/// after it could not (or they ended).
+const LISTEN_AGAIN_AFTER: Duration = Duration::from_secs(5);
 /// How often the job counts by status are read for the metrics.
 const COUNT_EVERY: Duration = Duration::from_secs(10);
 
@@ -53,15 +57,37 @@ pub async fn sweep(state: AppState, stop: CancellationToken) {
     }
 }
 
-/// Wakes the long-polls of jobs that ended (on any replica) every [`WATCH_EVERY`],
-/// until `stop`. Costs nothing while no long-poll waits.
+/// Wakes the long-polls of jobs that ended on another replica, until `stop`: at once on
+/// the store's announcement of an end (PostgreSQL), and by looking the awaited jobs up
+/// every [`WATCH_EVERY`] in any case (SQLite, a missed announcement, a job that expired
+/// or was cancelled while queued). The lookup costs nothing while no long-poll waits.
 pub async fn watch(state: AppState, stop: CancellationToken) {
     let mut ticks = tokio::time::interval(WATCH_EVERY);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ends = state.store().jobs().job_end_signals().await;
+    let mut listen_again = tokio::time::Instant::now() + LISTEN_AGAIN_AFTER;
     loop {
+        let announced = async {
+            match ends.as_mut() {
+                Some(ends) => ends.next().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = ticks.tick() => {}
+            end = announced => {
+                match end {
+                    Some(id) => state.jobs().ended(&id),
+                    // The connection was lost: look the jobs up meanwhile.
+                    None => ends = None,
+                }
+                continue;
+            }
             () = stop.cancelled() => return,
+        }
+        if ends.is_none() && tokio::time::Instant::now() >= listen_again {
+            ends = state.store().jobs().job_end_signals().await;
+            listen_again = tokio::time::Instant::now() + LISTEN_AGAIN_AFTER;
         }
         let awaited = state.jobs().awaited();
         if awaited.is_empty() {

@@ -1,7 +1,9 @@
 //! The [`JobStore`](super::JobStore) SQL, written once for both backends (see
-//! `shared.rs` for why a macro). The one difference is the claim's row lock:
-//! PostgreSQL's `FOR UPDATE SKIP LOCKED` lets replicas claim side by side without
-//! waiting on each other's rows; SQLite has one writer, so its claim is atomic as is.
+//! `shared.rs` for why a macro). The differences: the claim's row lock (PostgreSQL's
+//! `FOR UPDATE SKIP LOCKED` lets replicas claim side by side without waiting on each
+//! other's rows; SQLite has one writer, so its claim is atomic as is), and PostgreSQL
+//! announcing each job's end (`NOTIFY fleetgate_jobs`) to the other replicas'
+//! long-polls.
 
 /// The columns of `jobs`, as [`JobRow`](super::JobRow)'s `FromRow` reads them.
 macro_rules! job_columns {
@@ -13,11 +15,15 @@ macro_rules! job_columns {
     };
 }
 
-/// `impl JobStore for $store`, `$db` its sqlx database, `$lock` the claim's row lock.
+/// `impl JobStore for $store`, `$db` its sqlx database, `$lock` the claim's row lock,
+/// `$announce` a statement run with the job's id in the transaction that ends it (`""`:
+/// none), and the backend's own methods in the braces.
 macro_rules! impl_job_store {
-    ($store:ty, $db:ty, $lock:literal) => {
+    ($store:ty, $db:ty, $lock:literal, $announce:literal { $($own:item)* }) => {
         #[async_trait::async_trait]
         impl super::JobStore for $store {
+            $($own)*
+
             async fn insert(
                 &self,
                 job: &super::NewJob,
@@ -215,6 +221,9 @@ macro_rules! impl_job_store {
                     .bind(row.created_at)
                     .execute(&mut *tx)
                     .await?;
+                }
+                if !$announce.is_empty() {
+                    sqlx::query($announce).bind(id).execute(&mut *tx).await?;
                 }
                 tx.commit().await?;
                 Ok(true)

@@ -159,6 +159,10 @@ pub struct Swept {
     pub deleted: u64,
 }
 
+/// The ids of jobs as they end, announced by the backend; ends when its connection is
+/// lost.
+pub type JobEnds = std::pin::Pin<Box<dyn futures_util::Stream<Item = String> + Send>>;
+
 /// Durable jobs. Every state change of a running job is fenced by the attempt that
 /// claimed it: it takes effect only while the job is still running under that attempt.
 #[async_trait::async_trait]
@@ -225,6 +229,14 @@ pub trait JobStore: Send + Sync + 'static {
         id: &str,
         now_ms: i64,
     ) -> Result<Option<JobRow>, StoreError>;
+
+    /// The ids of jobs as they end on any replica, for a backend that announces them
+    /// (PostgreSQL: `NOTIFY fleetgate_jobs` in the transaction that ends a job); `None`:
+    /// look them up with [`JobStore::ended`] (SQLite, or the database cannot be reached
+    /// now).
+    async fn job_end_signals(&self) -> Option<JobEnds> {
+        None
+    }
 
     /// Which of `ids` have ended.
     async fn ended(&self, ids: &[String]) -> Result<Vec<String>, StoreError>;

@@ -51,7 +51,7 @@ pub mod workbench;
 pub use backend::Store;
 pub use columns::{now_unix, now_unix_ms};
 pub use jobs::{
-    Inserted, JobQuery, JobRow, JobStatus, JobStore, NewJob, Outcome, Retention, Swept,
+    Inserted, JobEnds, JobQuery, JobRow, JobStatus, JobStore, NewJob, Outcome, Retention, Swept,
 };
 pub use postgres::PostgresStore;
 pub use records::{

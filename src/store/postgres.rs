@@ -26,6 +26,8 @@ static MIGRATOR: Migrator = sqlx::migrate!("migrations/postgres");
 const POOL_SIZE: u32 = 10;
 /// The channel the key feed trigger (migration 0003) notifies.
 const KEY_FEED_CHANNEL: &str = "fleetgate_keys";
+/// The channel a job's end is announced on, with its id (see `job_sql.rs`).
+const JOB_END_CHANNEL: &str = "fleetgate_jobs";
 /// How long a query waits for a free connection before failing (so a health check on
 /// an unreachable database answers instead of hanging).
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -62,19 +64,24 @@ impl PostgresStore {
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
+
+    /// A listener on a connection of its own, outside the pool: a listener holds its
+    /// connection for as long as it listens, which would leave the pool one short for
+    /// requests. `None` when the database cannot be reached now.
+    async fn own_listener(&self) -> Option<sqlx::postgres::PgListener> {
+        let own = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect_lazy_with((*self.pool.connect_options()).clone());
+        sqlx::postgres::PgListener::connect_with(&own).await.ok()
+    }
 }
 
 impl_workbench_store!(PostgresStore, sqlx::Postgres);
 
 impl_store!(PostgresStore, sqlx::Postgres {
     async fn key_change_signals(&self) -> Option<KeySignals> {
-        // A connection of its own, outside the pool: a listener holds its connection for
-        // as long as it listens, which would leave the pool one short for requests.
-        let own = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(ACQUIRE_TIMEOUT)
-            .connect_lazy_with((*self.pool.connect_options()).clone());
-        let mut listener = sqlx::postgres::PgListener::connect_with(&own).await.ok()?;
+        let mut listener = self.own_listener().await?;
         listener.listen(KEY_FEED_CHANNEL).await.ok()?;
         // Ends at the first error (a lost connection): the table polls meanwhile and
         // listens again later.
@@ -181,4 +188,21 @@ impl<'a> LogArrays<'a> {
     }
 }
 
-impl_job_store!(PostgresStore, sqlx::Postgres, " FOR UPDATE SKIP LOCKED");
+impl_job_store!(
+    PostgresStore,
+    sqlx::Postgres,
+    " FOR UPDATE SKIP LOCKED",
+    "SELECT pg_notify('fleetgate_jobs', $1)" {
+        async fn job_end_signals(&self) -> Option<super::JobEnds> {
+            let mut listener = self.own_listener().await?;
+            listener.listen(JOB_END_CHANNEL).await.ok()?;
+            let ends = listener
+                .into_stream()
+                .take_while(|notification| std::future::ready(notification.is_ok()))
+                .filter_map(|notification| {
+                    std::future::ready(notification.ok().map(|n| n.payload().to_owned()))
+                });
+            Some(Box::pin(ends))
+        }
+    }
+);

@@ -201,7 +201,7 @@ impl_store!(SqliteStore, sqlx::Sqlite {
     }
 });
 
-impl_job_store!(SqliteStore, sqlx::Sqlite, "");
+impl_job_store!(SqliteStore, sqlx::Sqlite, "", "" {});
 
 #[cfg(test)]
 mod tests {

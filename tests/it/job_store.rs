@@ -438,3 +438,24 @@ async fn pages_are_newest_first_and_filter_by_status(store: Arc<dyn Store>) {
         "{counts:?}"
     );
 }
+
+/// PostgreSQL announces each job's end, with its id, in the transaction that ends it: a
+/// long-poll on another replica wakes without waiting for its lookup.
+#[tokio::test]
+#[ignore = "needs PostgreSQL (set TEST_POSTGRES_URL)"]
+async fn postgres_announces_each_jobs_end() {
+    use futures_util::StreamExt as _;
+    let db = crate::store::TestDb::postgres().await;
+    let store = db.store().await;
+    let mut ends = store.jobs().job_end_signals().await.expect("a listener");
+    insert(&*store, &job(1, 1, None)).await;
+    let jobs = store.jobs();
+    jobs.claim("a", T0, 30_000).await.unwrap().unwrap();
+    // A fenced-out end announces nothing; the real one does.
+    assert!(!jobs.finish("job_0001", 2, &succeeded(), T0).await.unwrap());
+    assert!(jobs.finish("job_0001", 1, &succeeded(), T0).await.unwrap());
+    let announced = tokio::time::timeout(std::time::Duration::from_secs(5), ends.next())
+        .await
+        .expect("announced within 5 s");
+    assert_eq!(announced.as_deref(), Some("job_0001"));
+}

@@ -573,3 +573,45 @@ async fn a_failed_run_carries_the_envelope_a_synchronous_call_gets() {
         "a run that reached a node is not run again"
     );
 }
+
+#[tokio::test]
+async fn a_run_that_never_reached_a_node_is_retried_until_one_is_back() {
+    let gw = Gateway::start_with(
+        MockConfig::default(),
+        "[fleet]\nprobe_interval_ms = 100\neject_base_ms = 100\neject_max_ms = 200\n",
+    )
+    .await;
+    gw.mock.set_failure(mock_vllm::FailureMode::Refuse);
+    let id = submit(&gw, &body("refused at first", 2)).await;
+    // Until a run was refused before reaching the node and the job queued again.
+    let since = Instant::now();
+    while !parse_metrics(&gw.metrics_text().await)
+        .iter()
+        .any(|s| s.name == "fleetgate_job_runs_total" && s.labels["outcome"] == "retried")
+    {
+        assert!(since.elapsed() < WAIT, "no run was retried");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    gw.mock.set_failure(mock_vllm::FailureMode::None);
+    let job = ended(&gw, &id).await;
+    assert_eq!(job["status"], "succeeded", "{job}");
+    assert!(job["attempts"].as_u64().unwrap() >= 2, "{job}");
+    assert_eq!(
+        gw.upstream_completions().len(),
+        1,
+        "only the run that reached the node"
+    );
+}
+
+#[tokio::test]
+async fn a_run_that_may_have_run_fails_with_the_upstream_error_and_is_not_run_again() {
+    let gw = Gateway::start().await;
+    gw.mock
+        .set_failure(mock_vllm::FailureMode::CutStream { after_chunks: 0 });
+    let id = submit(&gw, &body("cut short", 4)).await;
+    let job = ended(&gw, &id).await;
+    assert_eq!(job["status"], "failed", "{job}");
+    assert_eq!(job["error"]["error"]["code"], "upstream_error", "{job}");
+    assert_eq!(job["attempts"], 1);
+    assert_eq!(gw.upstream_completions().len(), 1);
+}
