@@ -92,10 +92,14 @@ export async function visit(gateway) {
   return { context, page, problems };
 }
 
-/** Opens `path` and signs in with `key`; resolves once the page shows the key's budget. */
+/**
+ * Opens `path` and signs in with `key`; resolves once the page shows the key's budget
+ * and has loaded its models and saved work.
+ */
 export async function signIn(gateway, page, path, key) {
   await page.goto(gateway.url + path);
   await page.fill("#api-key", key);
   await page.click("#sign-in button[type=submit]");
   await page.waitForSelector("#budget");
+  await page.waitForSelector("body[data-ready]", { state: "attached" });
 }

@@ -243,7 +243,8 @@ const FG = (() => {
     const begin = (usage) => {
       who.replaceChildren(`key ${usage.key_prefix}… · `, el("span", { id: "budget", text: usageLine(usage) }),
         el("button", { id: "sign-out", onclick: signOut, text: "Sign out" }));
-      start(usage);
+      // Marks the page ready (models and saved work loaded), for people and tests alike.
+      Promise.resolve(start(usage)).finally(() => { document.body.dataset.ready = "true"; });
     };
     if (key()) {
       api("GET", "/v1/usage").then(begin, () => { sessionStorage.removeItem(KEY); showSignIn(main, begin); });
