@@ -18,6 +18,7 @@ use utoipa_axum::routes;
 
 use crate::error::ApiError;
 use crate::http::auth::bearer_token;
+use crate::http::body::json_body as body;
 use crate::keys::{KeyError, KeyService, LimitInput, LimitsChange, NewLimits};
 use crate::reload::Reloaded;
 use crate::state::AppState;
@@ -194,12 +195,6 @@ impl KeyView {
             },
         }
     }
-}
-
-fn body<T>(payload: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
-    payload
-        .map(|Json(value)| value)
-        .map_err(|rejection| ApiError::invalid(rejection.body_text()))
 }
 
 fn key_service(state: &AppState) -> KeyService<'_> {

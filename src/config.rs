@@ -80,6 +80,9 @@ pub struct Config {
     /// OpenTelemetry traces, exported over OTLP; off unless `otlp_endpoint` is set.
     #[serde(default)]
     pub traces: TraceSettings,
+    /// The Workbench and Loom: how long their recovery checkpoints are kept.
+    #[serde(default)]
+    pub workbench: WorkbenchSettings,
     /// Completion jobs: workers, long-polls, retention.
     #[serde(default)]
     pub jobs: JobSettings,
@@ -88,6 +91,30 @@ pub struct Config {
     /// for a config built from a string.
     #[serde(skip)]
     pub source: Option<PathBuf>,
+}
+
+/// The Workbench and Loom (`src/workbench`). Saved prompts, runs and trees stay until
+/// deleted; a run not yet saved is a recovery checkpoint, kept this long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkbenchSettings {
+    /// Seconds a recovery checkpoint lives after it was written (the Privacy section of
+    /// the API reference promises seven days).
+    #[serde(default = "default_checkpoint_ttl_secs")]
+    pub checkpoint_ttl_secs: u64,
+    /// Seconds between two sweeps that delete expired checkpoints. (An expired one is
+    /// invisible at once; the sweep only frees its storage.)
+    #[serde(default = "default_checkpoint_sweep_secs")]
+    pub checkpoint_sweep_secs: u64,
+}
+
+impl Default for WorkbenchSettings {
+    fn default() -> Self {
+        Self {
+            checkpoint_ttl_secs: default_checkpoint_ttl_secs(),
+            checkpoint_sweep_secs: default_checkpoint_sweep_secs(),
+        }
+    }
 }
 
 /// Where and how much of the request path is traced (`src/traces.rs`).
@@ -481,6 +508,12 @@ fn default_max_queued() -> u32 {
 fn default_redis_key_prefix() -> String {
     "fleetgate".to_owned()
 }
+fn default_checkpoint_ttl_secs() -> u64 {
+    7 * 24 * 3600
+}
+fn default_checkpoint_sweep_secs() -> u64 {
+    3600
+}
 fn default_service_name() -> String {
     "fleetgate".to_owned()
 }
@@ -588,6 +621,12 @@ impl Config {
 
     fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |msg: String| Err(ConfigError::Invalid(msg));
+        if self.workbench.checkpoint_sweep_secs == 0 {
+            return invalid("workbench.checkpoint_sweep_secs must be at least 1".into());
+        }
+        if i64::try_from(self.workbench.checkpoint_ttl_secs).is_err() {
+            return invalid("workbench.checkpoint_ttl_secs is too large".into());
+        }
         if self.models.is_empty() {
             return invalid("at least one [[models]] entry is required".into());
         }

@@ -19,6 +19,9 @@ pub const X_ACS_UPSTREAM_GPU: HeaderName = HeaderName::from_static("x-acs-upstre
 /// `X-Acs-Max-Tokens-Clamped`: `max_tokens` was cut (by the request window or budget).
 pub const X_ACS_MAX_TOKENS_CLAMPED: HeaderName =
     HeaderName::from_static("x-acs-max-tokens-clamped");
+/// `X-Acs-Budget-Clamp`: `refuse` asks for `budget_exceeded` where the budget would
+/// clamp `max_tokens` (the Workbench and Loom send it); `clamp`, the default, clamps.
+pub const X_ACS_BUDGET_CLAMP: HeaderName = HeaderName::from_static("x-acs-budget-clamp");
 /// `X-Acs-Workload`: `interactive` or `batch`, as the client declares it.
 pub const X_ACS_WORKLOAD: HeaderName = HeaderName::from_static("x-acs-workload");
 /// `declined` on a harvest long-poll answered early because too many were waiting.

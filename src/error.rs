@@ -50,6 +50,21 @@ pub enum ApiError {
     NotFound { method: String, path: String },
     #[error("No key with id or prefix '{0}'.")]
     KeyNotFound(String),
+    /// A Workbench or Loom item, tree or node the calling key does not have: another
+    /// key's is as absent as one that never existed (404, never 403).
+    #[error("No {what} with id {id}.")]
+    WorkbenchNotFound { what: &'static str, id: i64 },
+    /// A change made from an older version of a Workbench or Loom record than the
+    /// stored one (another tab changed it first); nothing was changed.
+    #[error(
+        "The {what} {id} is at version {current}, not {given}: it was changed elsewhere (in another tab?). Reload it and try again."
+    )]
+    VersionConflict {
+        what: &'static str,
+        id: i64,
+        given: i64,
+        current: i64,
+    },
     /// No job of the caller's key has this id (another key's job included).
     #[error("No job with id '{0}'.")]
     JobNotFound(String),
@@ -203,9 +218,11 @@ impl ApiError {
             | Self::FullVocabPromptTooLong { .. }
             | Self::DeadlineInfeasible { .. } => StatusCode::BAD_REQUEST,
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            Self::NotFound { .. } | Self::KeyNotFound(_) | Self::JobNotFound(_) => {
-                StatusCode::NOT_FOUND
-            }
+            Self::NotFound { .. }
+            | Self::KeyNotFound(_)
+            | Self::JobNotFound(_)
+            | Self::WorkbenchNotFound { .. } => StatusCode::NOT_FOUND,
+            Self::VersionConflict { .. } => StatusCode::CONFLICT,
             Self::IdempotencyKeyReused(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::InvalidConfig(_) => StatusCode::UNPROCESSABLE_ENTITY,
@@ -234,6 +251,8 @@ impl ApiError {
             Self::Unauthorized(_) => "invalid_api_key",
             Self::NotFound { .. } => "not_found",
             Self::KeyNotFound(_) => "key_not_found",
+            Self::WorkbenchNotFound { .. } => "not_found",
+            Self::VersionConflict { .. } => "version_conflict",
             Self::JobNotFound(_) => "job_not_found",
             Self::IdempotencyKeyReused(_) => "idempotency_key_reused",
             Self::InvalidConfig(_) => "invalid_config",
@@ -270,6 +289,7 @@ impl ApiError {
             Self::ModelNotFound(_) => Some("model".into()),
             Self::FullVocabPromptTooLong { .. } => Some("prompt_logprobs".into()),
             Self::DeadlineInfeasible { .. } => Some("max_tokens".into()),
+            Self::VersionConflict { .. } => Some("version".into()),
             _ => None,
         };
         ErrorBody {

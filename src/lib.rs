@@ -27,3 +27,4 @@ pub mod store;
 pub mod traces;
 pub mod upstream;
 pub mod usage;
+pub mod workbench;

@@ -23,6 +23,7 @@ use utoipa::{Modify, OpenApi, ToSchema};
         (name = "completions", description = "Text completions against base models."),
         (name = "models", description = "The models this deployment serves."),
         (name = "usage", description = "The calling key's budget and limits."),
+        (name = "workbench", description = "What the Workbench (`GET /workbench`) and Loom (`GET /loom`) pages keep per key: saved prompts and runs, recovery checkpoints of unsaved runs (expire after seven days), Loom trees and their nodes. Another key's records are never shown (404). Changes name the version they were made from; a stale one is 409 `version_conflict`."),
         (name = "jobs", description = "Completion jobs: submit with `POST /v1/completions` and `Prefer: respond-async` (answered 202 with `Location: /v1/harvest/{id}`), collect with `GET /v1/harvest/{id}?wait=S`. Jobs are kept in the store and survive restarts. Retention: a job still queued 24 hours after submission expires; its request and result are deleted 24 hours after it ends; the rest of it (status, times, the Idempotency-Key) 7 days after it ends."),
         (name = "ops", description = "Health."),
         (name = "admin", description = "Key management and live fleet changes (`POST /admin/reload`), with the admin token (`admin_token` in the config). Not part of the client API."),

@@ -1,6 +1,7 @@
 //! The routes: the key-protected `/v1` API, the admin API, the ops routes (`/health`,
-//! `/ready`, `/live`, `/metrics`) and the docs, under the layers every request passes. `main` and the
-//! tests both build the service here; the handlers know nothing of it.
+//! `/ready`, `/live`, `/metrics`), the docs and the Workbench's and Loom's pages, under
+//! the layers every request passes. `main` and the tests both build the service here;
+//! the handlers know nothing of it.
 
 use axum::Router;
 use axum::body::Body;
@@ -21,7 +22,7 @@ use crate::error::ApiError;
 use crate::http::{auth, envelope, fallback, request_record};
 use crate::openapi::ApiDoc;
 use crate::state::AppState;
-use crate::{admin, completion, jobs, models, ops, traces, usage};
+use crate::{admin, completion, jobs, models, ops, traces, usage, workbench};
 
 /// Answers shorter than this go out uncompressed: a gzip stream's state (a few hundred
 /// KiB, zeroed for every response) costs far more than the few hundred bytes it would
@@ -37,6 +38,7 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(usage::own_usage))
         .routes(routes!(jobs::harvest::list))
         .routes(routes!(jobs::harvest::harvest, jobs::harvest::cancel))
+        .merge(workbench::api_routes())
 }
 
 /// Every documented route, for the OpenAPI document.
@@ -86,6 +88,10 @@ pub fn build_router(state: AppState) -> Router {
         .routes(routes!(ops::ready))
         .routes(routes!(ops::live))
         .route("/metrics", get(ops::metrics))
+        // The Workbench's and Loom's pages: they load without a key and ask for one.
+        .route("/workbench", get(workbench::pages::workbench))
+        .route("/loom", get(workbench::pages::loom))
+        .route("/workbench/assets/{name}", get(workbench::pages::asset))
         .split_for_parts();
     let swagger = SwaggerUi::new("/swagger").url("/openapi.json", openapi_document());
     let traced = state.config().traces.enabled();

@@ -143,6 +143,7 @@ pub async fn serve(
     probes.discover().await;
     let prober = tokio::spawn(probes.clone().run());
     let keep_warm = tokio::spawn(probes.keep_warm());
+    let sweeper = tokio::spawn(crate::workbench::sweeper::run(state.clone()));
     let stop_following = tokio_util::sync::CancellationToken::new();
     let keys = tokio::spawn(Arc::clone(state.keys()).follow(stop_following.clone()));
     let grace = Duration::from_millis(state.config().shutdown_grace_ms);
@@ -209,6 +210,7 @@ pub async fn serve(
     let _ = tokio::join!(sweep, watch);
     prober.abort();
     keep_warm.abort();
+    sweeper.abort();
     if let Some(reloads) = reloads {
         reloads.abort();
     }

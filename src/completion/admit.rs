@@ -5,7 +5,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::admission::{Admitted, Cost, Denial, Grant, KeyLimits};
+use crate::admission::{Admitted, Cost, Denial, Grant, KeyLimits, Month, Usage};
 use crate::error::ApiError;
 use crate::metrics::Refusal;
 use crate::state::AppState;
@@ -143,25 +143,29 @@ async fn refusal(state: &AppState, key: i64, limits: &KeyLimits, denial: Denial)
             reserved,
             needed,
             month,
-        } => {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0);
-            let reset = u64::try_from(month.next_start_unix()).unwrap_or(u64::MAX);
-            ApiError::BudgetExceeded {
-                budget,
-                used,
-                reserved,
-                needed,
-                month: month.to_string(),
-                retry_after: Duration::from_secs(reset.saturating_sub(now)),
-            }
-        }
+        } => budget_exceeded(budget, Usage { used, reserved }, needed, month),
         Denial::Unavailable(reason) => {
             UNAVAILABLE.note(&reason);
             ApiError::AdmissionUnavailable
         }
+    }
+}
+
+/// `budget_exceeded` for a request that needs `needed` tokens of a budget of which
+/// `usage` is taken in `month`; retry after the month turns.
+pub fn budget_exceeded(budget: u64, usage: Usage, needed: u64, month: Month) -> ApiError {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let reset = u64::try_from(month.next_start_unix()).unwrap_or(u64::MAX);
+    ApiError::BudgetExceeded {
+        budget,
+        used: usage.used,
+        reserved: usage.reserved,
+        needed,
+        month: month.to_string(),
+        retry_after: Duration::from_secs(reset.saturating_sub(now)),
     }
 }
 

@@ -1,6 +1,7 @@
 //! `POST /v1/completions`: parse → plan → forward → relay.
 
 pub mod admit;
+pub mod budget_refusal;
 pub mod chat;
 pub mod cold;
 pub mod dispatch;
@@ -28,6 +29,7 @@ use crate::http::envelope::RequestId;
 use crate::http::request_record::RequestRecord;
 use crate::jobs;
 use crate::state::AppState;
+use budget_refusal::OnBudgetClamp;
 use pipeline::{Checked, Mode};
 
 #[utoipa::path(
@@ -39,6 +41,7 @@ use pipeline::{Checked, Mode};
         ("Prefer" = Option<String>, Header, description = "`respond-async` (RFC 7240) submits the request as a completion job: it is checked and admitted as a synchronous call would be (every 400/401/413/429 below applies, and it counts as one start against the key's rate), then answered 202 with `Location: /v1/harvest/{id}`; collect the result there. `stream: true` is a 400 with it. The job's run takes the key's slots and budget when a worker starts it."),
         ("Idempotency-Key" = Option<String>, Header, description = "With `Prefer: respond-async`: a client-chosen key (1–255 visible ASCII characters, optionally quoted) for safe retries. The same key with the same body answers 200 with the job already submitted; with another body 422 `idempotency_key_reused`. Scoped to the API key; remembered until the job's row is deleted, 7 days after it ends."),
         ("X-Acs-Workload" = Option<String>, Header, description = "`interactive` or `batch`: what the request is for (capacity planning and keep-warm). Jobs run as `batch`."),
+        ("X-Acs-Budget-Clamp" = Option<String>, Header, description = "`clamp` (default): where the key's budget cannot cover `max_tokens`, run with fewer (`X-Acs-Max-Tokens-Clamped` says so); `refuse`: answer 429 `budget_exceeded` instead, naming what is left and what the request needs (the Workbench and Loom send this). Another value is 400 `invalid_request`. Not for job submissions (`Prefer: respond-async`), whose runs clamp."),
     ),
     responses(
         (status = 202, description = "With `Prefer: respond-async`: the job was stored (`status: queued`). Harvest it at `Location`.", body = crate::openapi::JobDoc,
@@ -64,7 +67,7 @@ use pipeline::{Checked, Mode};
         (status = 408, description = "`request_timeout`: the body did not arrive within `connections.body_read_timeout_ms` of its headers.", body = crate::openapi::ErrorEnvelopeDoc),
         (status = 413, description = "`request_too_large`: body over the limit. Carries `X-Should-Retry: false`.", body = crate::openapi::ErrorEnvelopeDoc,
             headers(("X-Should-Retry" = String, description = "`false`: a retry cannot succeed."))),
-        (status = 429, description = "`rate_limited` (more starts per minute than the key's rate), `queue_full` (the key's running and waiting requests are at their limits; for a job submission, also: the key has `jobs.max_pending_per_key` jobs queued or running) or `budget_exceeded` (what is left of the monthly token budget is less than the request needs; also `X-Should-Retry: false`). Always with `Retry-After`.", body = crate::openapi::ErrorEnvelopeDoc,
+        (status = 429, description = "`rate_limited` (more starts per minute than the key's rate), `queue_full` (the key's running and waiting requests are at their limits; for a job submission, also: the key has `jobs.max_pending_per_key` jobs queued or running) or `budget_exceeded` (what is left of the monthly token budget is less than the request needs, or than its full `max_tokens` with `X-Acs-Budget-Clamp: refuse`; also `X-Should-Retry: false`). Always with `Retry-After`.", body = crate::openapi::ErrorEnvelopeDoc,
             headers(
                 ("Retry-After" = u32, description = "Seconds to wait; for `budget_exceeded`, until the budget resets."),
                 ("X-Should-Retry" = String, description = "`false` on `budget_exceeded`."),
@@ -109,7 +112,10 @@ pub async fn create_completion(
         return jobs::submit::submit(&state, &caller, &request_id.0, &headers, &bytes, checked)
             .await;
     }
-    let mode = Mode::synchronous(&state);
+    let mode = Mode {
+        on_budget_clamp: OnBudgetClamp::from_headers(&headers)?,
+        ..Mode::synchronous(&state)
+    };
     pipeline::complete(
         &state,
         &caller,

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::admit;
+use super::budget_refusal::{self, OnBudgetClamp};
 use super::cold;
 use super::dispatch::{self, NotSent, Window};
 use super::draining::unless_draining;
@@ -42,6 +43,8 @@ pub struct Mode<'a> {
     /// Whether the run counts as a start against the key's rate (a job's run does not:
     /// its submission did).
     pub counts_rate: bool,
+    /// Whether a budget clamp runs or is refused (`X-Acs-Budget-Clamp`).
+    pub on_budget_clamp: OnBudgetClamp,
 }
 
 impl Mode<'_> {
@@ -53,6 +56,7 @@ impl Mode<'_> {
             )),
             charge_as: None,
             counts_rate: true,
+            on_budget_clamp: OnBudgetClamp::Clamp,
         }
     }
 }
@@ -349,6 +353,11 @@ async fn forward(
     }
     let applied = settlement.grant().max_tokens;
     let budget_clamped = applied < plan.cost.max_tokens;
+    if budget_clamped && mode.on_budget_clamp == OnBudgetClamp::Refuse {
+        let grant = settlement.grant().clone();
+        settlement.release_unused().await;
+        return Err(budget_refusal::refusal(state, key.id, &limits, &plan.cost, &grant).await);
+    }
     let send_max_tokens = (budget_clamped || plan.default_max_tokens).then_some(applied);
     let body = Bytes::from(request.upstream_body(&facts.served.name, send_max_tokens));
     let clamp = clamp_header(&plan, applied, budget_clamped);

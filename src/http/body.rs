@@ -58,3 +58,13 @@ pub async fn read_limited(
         Err(_) => Err(ApiError::invalid("The request body could not be read.")),
     }
 }
+
+/// A JSON body read by axum's `Json` extractor; its rejection (bad JSON, a wrong type,
+/// an unknown field, a missing content type) becomes a 400 whose message is axum's.
+pub fn json_body<T>(
+    payload: Result<axum::Json<T>, axum::extract::rejection::JsonRejection>,
+) -> Result<T, ApiError> {
+    payload
+        .map(|axum::Json(value)| value)
+        .map_err(|rejection| ApiError::invalid(rejection.body_text()))
+}

@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admission::Month;
 use crate::backoff::Backoff;
+use crate::completion::budget_refusal::OnBudgetClamp;
 use crate::completion::dispatch::{NotSent, stopped_answering};
 use crate::completion::pipeline::{self, Checked, Mode};
 use crate::contract::X_ACS_WORKLOAD;
@@ -182,6 +183,8 @@ async fn answer(state: &AppState, job: &JobRow, request_id: &str) -> Answer {
         window: Some(Duration::from_millis(state.config().jobs.run_timeout_ms)),
         charge_as: Some(&job.id),
         counts_rate: false,
+        // A job has no one to ask: it runs with what the budget allows, as the API clamps.
+        on_budget_clamp: OnBudgetClamp::Clamp,
     };
     let response = match Checked::parse(state, body, &record) {
         Ok(checked) => pipeline::complete(

@@ -25,6 +25,7 @@ pub fn needing_restart(running: &Config, next: &Config) -> Vec<String> {
         redis_key_prefix,
         admin_token,
         traces,
+        workbench,
         jobs,
         models,
         source: _,
@@ -50,6 +51,7 @@ pub fn needing_restart(running: &Config, next: &Config) -> Vec<String> {
         ),
         ("admin_token", *admin_token == next.admin_token),
         ("traces", *traces == next.traces),
+        ("workbench", *workbench == next.workbench),
         ("jobs", *jobs == next.jobs),
     ];
     let mut changed: Vec<String> = settings

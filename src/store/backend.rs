@@ -1,11 +1,13 @@
 //! The [`Store`] trait both backends (SQLite, PostgreSQL) implement: keys, the usage
-//! ledger, the request log, and the way to their completion jobs.
+//! ledger, the request log, and the way to their completion jobs and to the Workbench's
+//! and Loom's saved work.
 
 use super::JobStore;
 use super::records::{
     KeyChange, KeyRecord, KeySignals, LimitOverrides, LimitUpdate, RequestLogRow, RequestQuery,
     SpendQuery, SpendRow, StoreError, UsageRow,
 };
+use super::workbench::WorkbenchStore;
 use crate::keys::NewKey;
 
 #[async_trait::async_trait]
@@ -99,4 +101,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// The completion jobs kept in the same database.
     fn jobs(&self) -> &dyn JobStore;
+
+    /// The Workbench's and Loom's saved work, in the same database.
+    fn workbench(&self) -> &dyn WorkbenchStore;
 }

@@ -8,7 +8,9 @@
 //! Tables: `api_keys` (with each key's limit overrides), `usage_ledger` (the durable
 //! truth of monthly budgets), `request_log` (request metadata, never prompt or
 //! completion text; written in batches by [`crate::request_log::RequestLog`]) and `jobs`
-//! (completion jobs, [`JobStore`]).
+//! (completion jobs, [`JobStore`]). The Workbench's and Loom's saved work
+//! (`workbench_items`, `loom_trees`, `loom_nodes`) sits behind a trait of its own,
+//! [`workbench::WorkbenchStore`], reached through [`Store::workbench`].
 
 use std::sync::Arc;
 
@@ -30,18 +32,21 @@ macro_rules! request_log_columns {
     };
 }
 
-// `shared` and `job_sql` first: their macros are used by the backends declared after
-// them.
+// `shared`, `job_sql` and `workbench_sql` first: their macros are used by the backends
+// declared after them.
 #[macro_use]
 mod shared;
 #[macro_use]
 mod job_sql;
+#[macro_use]
+mod workbench_sql;
 mod backend;
 mod columns;
 mod jobs;
 mod postgres;
 mod records;
 mod sqlite;
+pub mod workbench;
 
 pub use backend::Store;
 pub use columns::{now_unix, now_unix_ms};

@@ -77,6 +77,8 @@ impl PostgresStore {
     }
 }
 
+impl_workbench_store!(PostgresStore, sqlx::Postgres);
+
 impl_store!(PostgresStore, sqlx::Postgres {
     async fn key_change_signals(&self) -> Option<KeySignals> {
         let mut listener = self.own_listener().await?;

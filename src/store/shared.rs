@@ -58,6 +58,10 @@ macro_rules! impl_store {
                 self
             }
 
+            fn workbench(&self) -> &dyn super::workbench::WorkbenchStore {
+                self
+            }
+
             async fn create_key(
                 &self,
                 name: &str,

@@ -159,6 +159,8 @@ fn is_busy(err: &sqlx::Error) -> bool {
         .is_some_and(|code| matches!(code & 0xff, 5 | 6))
 }
 
+impl_workbench_store!(SqliteStore, sqlx::Sqlite);
+
 impl_store!(SqliteStore, sqlx::Sqlite {
     async fn append_request_log(&self, rows: &[RequestLogRow]) -> Result<(), StoreError> {
         if rows.is_empty() {

@@ -38,4 +38,6 @@ mod openapi;
 mod prefix;
 mod reload;
 mod router;
+#[macro_use]
 mod store;
+mod workbench;

@@ -1529,6 +1529,9 @@ impl Store for WatchedStore {
     fn jobs(&self) -> &dyn fleetgate::store::JobStore {
         self.inner.jobs()
     }
+    fn workbench(&self) -> &dyn fleetgate::store::workbench::WorkbenchStore {
+        self.inner.workbench()
+    }
 }
 
 /// The next `append_request_log` call, within 10 s.

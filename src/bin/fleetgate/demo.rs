@@ -76,6 +76,8 @@ client = OpenAI(base_url="http://{address}/v1", api_key="{secret}")
 resp = client.completions.create(model="{DEMO_MODEL}", prompt="The capital of France is", max_tokens=8, extra_body={{"top_k": 20}})
 print(resp.choices[0].text)
 
+Or in the browser, with the key above: the Workbench at http://{address}/workbench and Loom at http://{address}/loom
+
 API reference: http://{address}/swagger   Press Ctrl-C to stop."#
     )
 }
