@@ -75,6 +75,19 @@ async fn ended_as(gw: &Gateway, key: &str, id: &str) -> Value {
     }
 }
 
+/// `GET /v1/harvest` (the first page) as `key`.
+async fn list_as(gw: &Gateway, key: &str) -> Value {
+    let response = gw
+        .client
+        .get(format!("{}/v1/harvest", gw.url))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    response.json().await.unwrap()
+}
+
 /// `DELETE /v1/harvest/{id}` as `key`.
 async fn cancel_as(gw: &Gateway, key: &str, id: &str) -> reqwest::Response {
     gw.client
@@ -203,16 +216,7 @@ async fn the_budget_and_the_rate_of_a_key_apply_at_submission() {
     expect_error(limited, 429, "rate_limited").await;
     // The runs are not counted against the rate again: the three run at once, and the
     // only rate refusal is the submission's.
-    let list: Value = gw
-        .client
-        .get(format!("{}/v1/harvest", gw.url))
-        .bearer_auth(&slow)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let list = list_as(&gw, &slow).await;
     let started = Instant::now();
     for job in list["data"].as_array().unwrap() {
         let job = ended_as(&gw, &slow, job["id"].as_str().unwrap()).await;
@@ -317,16 +321,7 @@ async fn another_keys_job_is_not_found() {
     expect_error(harvest_as(&gw, &other, &id, "").await, 404, "job_not_found").await;
     let cancel = cancel_as(&gw, &other, &id).await;
     expect_error(cancel, 404, "job_not_found").await;
-    let list: Value = gw
-        .client
-        .get(format!("{}/v1/harvest", gw.url))
-        .bearer_auth(&other)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let list = list_as(&gw, &other).await;
     assert_eq!(list["data"], json!([]));
     expect_error(
         harvest_as(&gw, &gw.key, "job_nope", "").await,
