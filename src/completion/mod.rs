@@ -116,7 +116,7 @@ pub async fn create_completion(
         on_budget_clamp: OnBudgetClamp::from_headers(&headers)?,
         ..Mode::synchronous(&state)
     };
-    pipeline::complete(
+    Ok(pipeline::complete(
         &state,
         &caller,
         &request_id.0,
@@ -125,5 +125,5 @@ pub async fn create_completion(
         checked,
         mode,
     )
-    .await
+    .await)
 }

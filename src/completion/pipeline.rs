@@ -92,7 +92,8 @@ impl<'b, 's> Checked<'b, 's> {
 }
 
 /// Runs a completion whose body has been read and checked: the response a client gets
-/// (an error as its envelope), with the upstream's model and GPU named.
+/// (an error as its envelope, marked [`NotSent`] when no node can have received the
+/// request), with the upstream's model and GPU named.
 pub async fn complete(
     state: &AppState,
     caller: &Caller,
@@ -101,7 +102,7 @@ pub async fn complete(
     headers: &HeaderMap,
     checked: Checked<'_, '_>,
     mode: Mode<'_>,
-) -> Result<Response, ApiError> {
+) -> Response {
     let Checked { request, model } = checked;
     if state.config().traces.enabled() {
         // For the trace only (see `router::trace_span`).
@@ -109,7 +110,10 @@ pub async fn complete(
     }
     model.sleep.touch(workload(headers) == Some("interactive"));
 
-    let facts = Facts::learn(state, model).await?;
+    let facts = match Facts::learn(state, model).await {
+        Ok(facts) => facts,
+        Err(err) => return not_sent(err),
+    };
     let tags = upstream_tags(facts.node.as_deref(), Some(&facts.served));
     let result = forward(
         state, caller, request_id, record, &request, model, facts, mode,
@@ -119,23 +123,22 @@ pub async fn complete(
     // stands in only when that node failed it (counting tokens). The gateway's own
     // refusals (limits, budget, admission, store) name no node: nothing went upstream.
     let node_failed = result.as_ref().err().is_none_or(ApiError::from_upstream);
-    let mut response = match result {
-        Ok(response) => response,
-        // Refused before dispatch (planning, admission, a wake that failed): no node
-        // has the request.
-        Err(err) => {
-            let mut response = err.into_response();
-            response.extensions_mut().insert(NotSent);
-            response
-        }
-    };
+    let mut response = result.unwrap_or_else(not_sent);
     for (name, value) in tags {
         if name == X_ACS_UPSTREAM_GPU && !node_failed {
             continue;
         }
         response.headers_mut().entry(name).or_insert(value);
     }
-    Ok(response)
+    response
+}
+
+/// The answer to a request refused before dispatch (no node to ask, planning,
+/// admission, a wake that failed): no node has it.
+fn not_sent(err: ApiError) -> Response {
+    let mut response = err.into_response();
+    response.extensions_mut().insert(NotSent);
+    response
 }
 
 /// The `model` a body names, if it is a JSON object with a string `model`, whatever

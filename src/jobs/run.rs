@@ -187,17 +187,20 @@ async fn answer(state: &AppState, job: &JobRow, request_id: &str) -> Answer {
         on_budget_clamp: OnBudgetClamp::Clamp,
     };
     let response = match Checked::parse(state, body, &record) {
-        Ok(checked) => pipeline::complete(
-            state,
-            &caller,
-            request_id,
-            record.clone(),
-            &headers,
-            checked,
-            mode,
-        )
-        .await
-        .unwrap_or_else(IntoResponse::into_response),
+        Ok(checked) => {
+            pipeline::complete(
+                state,
+                &caller,
+                request_id,
+                record.clone(),
+                &headers,
+                checked,
+                mode,
+            )
+            .await
+        }
+        // The stored request no longer fits the config (its model was removed by a
+        // reload, say): running it again cannot help.
         Err(err) => err.into_response(),
     };
     let answer = read(response).await;
