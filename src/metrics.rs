@@ -200,6 +200,16 @@ struct StatusLabels {
     status: &'static str,
 }
 
+/// The outcomes of a job's run (see `fleetgate_job_runs`).
+pub const JOB_RUN_OUTCOMES: [&str; 6] = [
+    "succeeded",
+    "failed",
+    "cancelled",
+    "retried",
+    "requeued",
+    "lost",
+];
+
 /// `{outcome}` of a job's run.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeWord {
@@ -377,6 +387,9 @@ impl Metrics {
             "Runs of jobs by this replica's workers, by outcome: succeeded, failed, cancelled, retried (never reached a node; queued again with back-off), requeued (cut by shutdown) or lost (its lease lapsed and another worker took the job)",
             job_runs.clone(),
         );
+        for outcome in JOB_RUN_OUTCOMES {
+            let _ = job_runs.get_or_create(&OutcomeWord { outcome });
+        }
         let jobs_running = Gauge::default();
         registry.register(
             "jobs_running",
@@ -561,7 +574,7 @@ impl Metrics {
         }
     }
 
-    /// Counts a job's run that ended with `outcome` (see `fleetgate_job_runs`).
+    /// Counts a job's run that ended with `outcome`, one of [`JOB_RUN_OUTCOMES`].
     pub fn job_run(&self, outcome: &'static str) {
         self.0
             .job_runs
