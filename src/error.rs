@@ -194,6 +194,13 @@ impl ApiError {
         }
     }
 
+    /// 503 `store_unavailable` for a store that failed to serve `what`; the store's
+    /// own error goes to the log, not to the client.
+    pub fn store_unavailable(err: &crate::store::StoreError, what: &str) -> Self {
+        tracing::warn!(error = %err, what, "the store failed");
+        Self::StoreUnavailable
+    }
+
     pub fn internal(err: impl Into<anyhow::Error>) -> Self {
         Self::Internal(err.into())
     }

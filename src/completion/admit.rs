@@ -9,6 +9,7 @@ use crate::admission::{Admitted, Cost, Denial, Grant, KeyLimits, Month, Usage};
 use crate::error::ApiError;
 use crate::metrics::Refusal;
 use crate::state::AppState;
+use crate::store::now_unix;
 
 /// While the backend is away every request is refused: one log line a second says so.
 static UNAVAILABLE: Throttled = Throttled::new();
@@ -154,10 +155,7 @@ async fn refusal(state: &AppState, key: i64, limits: &KeyLimits, denial: Denial)
 /// `budget_exceeded` for a request that needs `needed` tokens of a budget of which
 /// `usage` is taken in `month`; retry after the month turns.
 pub fn budget_exceeded(budget: u64, usage: Usage, needed: u64, month: Month) -> ApiError {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+    let now = u64::try_from(now_unix()).unwrap_or(0);
     let reset = u64::try_from(month.next_start_unix()).unwrap_or(u64::MAX);
     ApiError::BudgetExceeded {
         budget,

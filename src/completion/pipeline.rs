@@ -37,12 +37,10 @@ use crate::upstream::Served;
 pub struct Mode<'a> {
     /// How long a non-streaming request may take upstream (`None`: no limit).
     pub window: Option<Duration>,
-    /// The usage row's id when it is not the request id: a job's id, so that a job is
-    /// charged once, whichever of its runs settles.
-    pub charge_as: Option<&'a str>,
-    /// Whether the run counts as a start against the key's rate (a job's run does not:
-    /// its submission did).
-    pub counts_rate: bool,
+    /// The job this is a run of: its usage is recorded under the job's id (so that a job
+    /// is charged once, whichever of its runs settles), and it does not count against
+    /// the key's rate (the submission did).
+    pub job: Option<&'a str>,
     /// Whether a budget clamp runs or is refused (`X-Acs-Budget-Clamp`).
     pub on_budget_clamp: OnBudgetClamp,
 }
@@ -54,8 +52,7 @@ impl Mode<'_> {
             window: Some(Duration::from_millis(
                 state.config().fleet.request_window_ms,
             )),
-            charge_as: None,
-            counts_rate: true,
+            job: None,
             on_budget_clamp: OnBudgetClamp::Clamp,
         }
     }
@@ -337,7 +334,7 @@ async fn forward(
     unless_backlogged(state)?;
     let key = &caller.0;
     let mut limits = KeyLimits::resolve(&state.config().limits, &key.limits);
-    if !mode.counts_rate {
+    if mode.job.is_some() {
         limits = limits.without_rate();
     }
     let grant = admit::admit(state, key.id, &limits, &plan.cost, request_id)
@@ -351,8 +348,8 @@ async fn forward(
         plan.cost.prompt_tokens,
         record,
     );
-    if let Some(id) = mode.charge_as {
-        settlement.charge_as(id.to_owned());
+    if let Some(job) = mode.job {
+        settlement.charge_as(job.to_owned());
     }
     let applied = settlement.grant().max_tokens;
     let budget_clamped = applied < plan.cost.max_tokens;

@@ -216,8 +216,7 @@ fn not_found(id: &str) -> ApiError {
 }
 
 fn unavailable(err: StoreError) -> ApiError {
-    tracing::warn!(error = %err, "the job store failed");
-    ApiError::StoreUnavailable
+    ApiError::store_unavailable(&err, "a job request")
 }
 
 /// `wait` in seconds: an integer from 0 to 60; absent is 0.

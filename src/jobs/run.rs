@@ -50,7 +50,8 @@ const FINISH_RETRY: Backoff = Backoff::new(Duration::from_millis(100), Duration:
 
 /// How the pipeline answered a run.
 enum Answer {
-    Succeeded(Bytes),
+    /// The body, and the prompt and completion tokens of its `usage`.
+    Succeeded(Bytes, Option<u64>, Option<u64>),
     Failed {
         status: StatusCode,
         error: ErrorBody,
@@ -181,8 +182,7 @@ async fn answer(state: &AppState, job: &JobRow, request_id: &str) -> Answer {
     headers.insert(X_ACS_WORKLOAD, HeaderValue::from_static("batch"));
     let mode = Mode {
         window: Some(Duration::from_millis(state.config().jobs.run_timeout_ms)),
-        charge_as: Some(&job.id),
-        counts_rate: false,
+        job: Some(&job.id),
         // A job has no one to ask: it runs with what the budget allows, as the API clamps.
         on_budget_clamp: OnBudgetClamp::Clamp,
     };
@@ -205,7 +205,7 @@ async fn answer(state: &AppState, job: &JobRow, request_id: &str) -> Answer {
     };
     let answer = read(response).await;
     match &answer {
-        Answer::Succeeded(_) => record.set_outcome(200, None),
+        Answer::Succeeded(..) => record.set_outcome(200, None),
         Answer::Failed { status, error, .. } => {
             record.set_outcome(status.as_u16(), Some(error.code));
         }
@@ -232,42 +232,63 @@ async fn read(response: Response) -> Answer {
         };
     }
     match axum::body::to_bytes(response.into_body(), MAX_RESULT_BYTES).await {
-        Ok(body) => match in_body_error(&body) {
+        Ok(body) => match Summary::of(&body) {
             // After a cold boot the 200 was committed and the error came in the body.
             // The node may have had the request by then.
-            Some(error) => Answer::Failed {
+            Summary {
+                error: Some(error), ..
+            } => Answer::Failed {
                 status: StatusCode::BAD_GATEWAY,
-                error,
+                error: error.body(),
                 retry_after: None,
                 not_sent: false,
             },
-            None => Answer::Succeeded(body),
+            Summary { usage, .. } => {
+                let usage = usage.unwrap_or_default();
+                Answer::Succeeded(body, usage.prompt_tokens, usage.completion_tokens)
+            }
         },
         // The node stopped answering mid-body (or the body was over the limit).
         Err(_) => failed(stopped_answering()),
     }
 }
 
-/// The envelope's `error` of a body that is one (`{"error": {…}, …}`).
-fn in_body_error(body: &[u8]) -> Option<ErrorBody> {
-    #[derive(serde::Deserialize)]
-    struct Envelope {
-        error: Inner,
+/// What a whole 200 body says, read in one pass: the envelope's `error` of a body that
+/// is one (`{"error": {…}, …}`), else the `usage` of a completion.
+#[derive(Default, serde::Deserialize)]
+struct Summary {
+    error: Option<InBodyError>,
+    usage: Option<BodyUsage>,
+}
+
+#[derive(serde::Deserialize)]
+struct InBodyError {
+    code: String,
+    message: String,
+}
+
+#[derive(Default, serde::Deserialize)]
+struct BodyUsage {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+}
+
+impl Summary {
+    fn of(body: &[u8]) -> Self {
+        serde_json::from_slice(body).unwrap_or_default()
     }
-    #[derive(serde::Deserialize)]
-    struct Inner {
-        code: String,
-        message: String,
+}
+
+impl InBodyError {
+    fn body(self) -> ErrorBody {
+        ErrorBody {
+            // The codes are the gateway's own (`&'static`): find ours by name.
+            code: known_code(&self.code),
+            message: self.message,
+            kind: "server_error",
+            param: None,
+        }
     }
-    let envelope: Envelope = serde_json::from_slice(body).ok()?;
-    // The codes are the gateway's own (`&'static`): find ours by name.
-    let code = known_code(&envelope.error.code);
-    Some(ErrorBody {
-        code,
-        message: envelope.error.message,
-        kind: "server_error",
-        param: None,
-    })
 }
 
 /// The gateway's error code of this name, or `upstream_error`.
@@ -373,8 +394,7 @@ async fn conclude(state: &AppState, job: &JobRow, stop: Stop, cut: &Cancellation
             completion_tokens: None,
             charge: None,
         },
-        Stop::Answered(Answer::Succeeded(body)) => {
-            let (prompt_tokens, completion_tokens) = usage(&body);
+        Stop::Answered(Answer::Succeeded(body, prompt_tokens, completion_tokens)) => {
             let charge = prompt_tokens
                 .zip(completion_tokens)
                 .map(|(prompt, completion)| UsageRow {
@@ -433,25 +453,5 @@ async fn conclude(state: &AppState, job: &JobRow, stop: Stop, cut: &Cancellation
                 }
             }
         }
-    }
-}
-
-/// `usage.prompt_tokens` and `usage.completion_tokens` of a completion body.
-fn usage(body: &[u8]) -> (Option<u64>, Option<u64>) {
-    #[derive(serde::Deserialize)]
-    struct Body {
-        usage: Option<Usage>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Usage {
-        prompt_tokens: Option<u64>,
-        completion_tokens: Option<u64>,
-    }
-    match serde_json::from_slice::<Body>(body)
-        .ok()
-        .and_then(|b| b.usage)
-    {
-        Some(usage) => (usage.prompt_tokens, usage.completion_tokens),
-        None => (None, None),
     }
 }

@@ -58,10 +58,8 @@ pub async fn submit(
     let request_hash = Sha256::digest(body).to_vec();
     let key = caller.0.id;
     let jobs = state.store().jobs();
-    let unavailable = |err: crate::store::StoreError| {
-        tracing::warn!(error = %err, "the job store failed");
-        ApiError::StoreUnavailable
-    };
+    let unavailable =
+        |err: crate::store::StoreError| ApiError::store_unavailable(&err, "a job submission");
     if let Some(ikey) = &idempotency_key
         && let Some(existing) = jobs
             .by_idempotency_key(key, ikey)

@@ -4,8 +4,9 @@
 use axum::http::StatusCode;
 
 use crate::error::ApiError;
+use crate::state::AppState;
 use crate::store::StoreError;
-use crate::store::workbench::Versioned;
+use crate::store::workbench::{Versioned, WorkbenchStore};
 
 /// Longest title of an item or tree, in characters.
 const TITLE_MAX_CHARS: usize = 200;
@@ -15,11 +16,18 @@ const TITLE_MAX_CHARS: usize = 200;
 pub(super) fn store_error(err: StoreError) -> ApiError {
     match err {
         StoreError::Invalid(message) => ApiError::invalid(message),
-        err => {
-            tracing::warn!(error = %err, "workbench store request failed");
-            ApiError::StoreUnavailable
-        }
+        err => ApiError::store_unavailable(&err, "a workbench request"),
     }
+}
+
+/// The key's workbench records.
+pub(super) fn store(state: &AppState) -> &dyn WorkbenchStore {
+    state.store().workbench()
+}
+
+/// 404 for the `what` (item, tree, node) with `id`: missing, or another key's.
+pub(super) fn not_found(what: &'static str, id: i64) -> ApiError {
+    ApiError::WorkbenchNotFound { what, id }
 }
 
 /// A title as given, if it is at most [`TITLE_MAX_CHARS`] long.
@@ -39,7 +47,8 @@ pub(super) type JsonObject = serde_json::Map<String, serde_json::Value>;
 
 /// An object as stored.
 pub(super) fn json_text(object: &JsonObject) -> String {
-    serde_json::Value::Object(object.clone()).to_string()
+    // A map of JSON values always serializes.
+    serde_json::to_string(object).unwrap_or_default()
 }
 
 /// A stored object back as an object (stored only from an object, so it parses).
@@ -61,7 +70,7 @@ pub(super) fn versioned<T>(
 ) -> Result<T, ApiError> {
     match outcome {
         Versioned::Changed(record) => Ok(record),
-        Versioned::Missing => Err(ApiError::WorkbenchNotFound { what, id }),
+        Versioned::Missing => Err(not_found(what, id)),
         Versioned::Stale { current } => Err(ApiError::VersionConflict {
             what,
             id,
@@ -76,6 +85,6 @@ pub(super) fn deleted(done: bool, what: &'static str, id: i64) -> Result<StatusC
     if done {
         Ok(StatusCode::NO_CONTENT)
     } else {
-        Err(ApiError::WorkbenchNotFound { what, id })
+        Err(not_found(what, id))
     }
 }

@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::answer::{
-    JsonObject, checked_title, deleted, json_text, store_error, stored_json, versioned,
+    JsonObject, checked_title, deleted, json_text, not_found, store, store_error, stored_json,
+    versioned,
 };
 use crate::error::ApiError;
 use crate::http::auth::Caller;
@@ -100,10 +101,6 @@ impl From<ItemRecord> for ItemView {
     }
 }
 
-fn not_found(id: i64) -> ApiError {
-    ApiError::WorkbenchNotFound { what: "item", id }
-}
-
 #[utoipa::path(get, path = "/v1/workbench/items", tag = "workbench",
     responses(
         (status = 200, description = "The key's saved items and unexpired checkpoints, most recently changed first.", body = Vec<ItemView>),
@@ -115,9 +112,7 @@ pub async fn list_items(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
 ) -> Result<Json<Vec<ItemView>>, ApiError> {
-    let items = state
-        .store()
-        .workbench()
+    let items = store(&state)
         .items(caller.0.id, now_unix())
         .await
         .map_err(store_error)?;
@@ -147,9 +142,7 @@ pub async fn create_item(
         content: &content,
         expires_at: request.checkpoint.then(|| now.saturating_add(ttl)),
     };
-    let created = state
-        .store()
-        .workbench()
+    let created = store(&state)
         .create_item(caller.0.id, &item, now)
         .await
         .map_err(store_error)?;
@@ -171,13 +164,11 @@ pub async fn get_item(
     Extension(caller): Extension<Caller>,
     Path(id): Path<i64>,
 ) -> Result<Json<ItemView>, ApiError> {
-    let item = state
-        .store()
-        .workbench()
+    let item = store(&state)
         .item(caller.0.id, id, now_unix())
         .await
         .map_err(store_error)?
-        .ok_or_else(|| not_found(id))?;
+        .ok_or_else(|| not_found("item", id))?;
     Ok(Json(item.into()))
 }
 
@@ -206,9 +197,7 @@ pub async fn update_item(
         content: content.as_deref(),
         save: patch.saved,
     };
-    let outcome = state
-        .store()
-        .workbench()
+    let outcome = store(&state)
         .update_item(caller.0.id, id, &change, now_unix())
         .await
         .map_err(store_error)?;
@@ -230,9 +219,7 @@ pub async fn delete_item(
     Extension(caller): Extension<Caller>,
     Path(id): Path<i64>,
 ) -> Result<StatusCode, ApiError> {
-    let done = state
-        .store()
-        .workbench()
+    let done = store(&state)
         .delete_item(caller.0.id, id, now_unix())
         .await
         .map_err(store_error)?;

@@ -14,15 +14,15 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::answer::{
-    JsonObject, checked_title, deleted, json_text, store_error, stored_json, stored_object,
-    versioned,
+    JsonObject, checked_title, deleted, json_text, not_found, store, store_error, stored_json,
+    stored_object, versioned,
 };
 use crate::error::ApiError;
 use crate::http::auth::Caller;
 use crate::http::body::json_body;
 use crate::state::AppState;
 use crate::store::now_unix;
-use crate::store::workbench::{Added, NodeFlags, NodeRecord, TreeNode, TreeRecord, WorkbenchStore};
+use crate::store::workbench::{Added, NodeFlags, NodeRecord, TreeNode, TreeRecord};
 
 /// The `format` of an exported tree.
 const EXPORT_FORMAT: &str = "fleetgate-loom/1";
@@ -153,14 +153,6 @@ pub struct ExportNode {
     bookmarked: bool,
     #[serde(default)]
     pruned: bool,
-}
-
-fn tree_not_found(id: i64) -> ApiError {
-    ApiError::WorkbenchNotFound { what: "tree", id }
-}
-
-fn store(state: &AppState) -> &dyn WorkbenchStore {
-    state.store().workbench()
 }
 
 #[utoipa::path(get, path = "/v1/workbench/trees", tag = "workbench",
@@ -303,7 +295,7 @@ pub async fn get_tree(
         .tree(caller.0.id, id)
         .await
         .map_err(store_error)?
-        .ok_or_else(|| tree_not_found(id))?;
+        .ok_or_else(|| not_found("tree", id))?;
     Ok(Json(view(tree, nodes)))
 }
 
@@ -326,7 +318,7 @@ pub async fn export_tree(
         .tree(caller.0.id, id)
         .await
         .map_err(store_error)?
-        .ok_or_else(|| tree_not_found(id))?;
+        .ok_or_else(|| not_found("tree", id))?;
     Ok(Json(TreeExport {
         format: EXPORT_FORMAT.to_owned(),
         title: tree.title,
@@ -428,7 +420,7 @@ pub async fn add_node(
         .map_err(store_error)?;
     match added {
         Added::Node(node) => Ok((StatusCode::CREATED, Json(node.into()))),
-        Added::NoTree => Err(tree_not_found(id)),
+        Added::NoTree => Err(not_found("tree", id)),
         Added::NoParent => Err(ApiError::invalid_param(
             "parent_id",
             format!("parent_id {} is not a node of tree {id}", request.parent_id),
