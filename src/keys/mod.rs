@@ -16,4 +16,4 @@ pub use self::secret::{
     verify,
 };
 pub use self::service::{IssuedKey, KeyError, KeyService, LimitsChange, MonthUsage, NewLimits};
-pub use self::table::{FOLLOW_EVERY, KeyTable, MISS_PULL_SPACING, PULL_TIMEOUT};
+pub use self::table::{FOLLOW_EVERY, KeyTable, MISS_WAIT, PULL_TIMEOUT};

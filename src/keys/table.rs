@@ -10,14 +10,18 @@
 //!   that period when a signal is missed (SQLite has none). The process that makes a
 //!   change pulls it at once ([`KeyTable::pull`]).
 //! - **Misses** (a prefix not in the table: a key created elsewhere a moment ago, or no
-//!   key at all) pull the feed before answering, but never more than one pull at a
-//!   time and never closer together than [`MISS_PULL_SPACING`]: a flood of unknown
-//!   keys costs at most one store query per spacing, whatever its rate, and the table's
-//!   size stays the number of keys (nothing is remembered of a prefix that matched
-//!   none).
-//! - **Store outages**: hits are answered from memory; a miss that cannot pull (an
-//!   error, or no answer within [`PULL_TIMEOUT`]) gets [`StoreError`], for the caller to
-//!   refuse as unavailable rather than as unknown.
+//!   key at all) make no store query of their own: a miss waits for the follow loop's
+//!   next pull (the next tick, at most [`FOLLOW_EVERY`] away, or the next change
+//!   signal) and is answered from the table as that pull left it. That pull started
+//!   after the request asked, so a key committed before then is found; a flood of
+//!   unknown keys, at any rate, costs the store nothing beyond the follow loop's own
+//!   reads, and each unknown key is refused at most [`FOLLOW_EVERY`] plus one pull
+//!   later. The table's size stays the number of keys (nothing is remembered of a
+//!   prefix that matched none).
+//! - **Store outages**: hits are answered from memory; a miss that sees a pull fail (an
+//!   error, or no answer within [`PULL_TIMEOUT`]), or no pull end within
+//!   [`MISS_WAIT`], gets [`StoreError`], for the caller to refuse as unavailable rather
+//!   than as unknown.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -25,6 +29,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -38,21 +43,27 @@ const LISTEN_AGAIN_AFTER: Duration = Duration::from_secs(5);
 /// The longest one pull may take: a store that took the query and went silent must
 /// not hold the requests waiting on a miss (nor an admin call) for ever.
 pub const PULL_TIMEOUT: Duration = Duration::from_secs(2);
-/// The least time between two pulls made for misses.
-pub const MISS_PULL_SPACING: Duration = Duration::from_millis(50);
+/// The longest a miss waits for a pull that started after it asked: the next tick, a
+/// pull under way when it asked and the one after it, each at most [`PULL_TIMEOUT`].
+pub const MISS_WAIT: Duration =
+    Duration::from_millis(FOLLOW_EVERY.as_millis() as u64 + 2 * PULL_TIMEOUT.as_millis() as u64);
 
 pub struct KeyTable {
     store: Arc<dyn Store>,
     by_prefix: RwLock<HashMap<Box<str>, Arc<KeyRecord>>>,
     /// The highest change number applied.
     seen: AtomicI64,
-    /// Held for the duration of a pull (one at a time); what the last one was.
-    pulls: tokio::sync::Mutex<LastPull>,
+    /// Held for the duration of a pull (one at a time).
+    pulling: tokio::sync::Mutex<()>,
+    /// The pulls so far, which misses wait on.
+    pulls: watch::Sender<Pulls>,
 }
 
+/// How many pulls have started and ended, and how the last one went.
 #[derive(Clone, Copy)]
-struct LastPull {
-    started: Instant,
+struct Pulls {
+    started: u64,
+    ended: u64,
     ok: bool,
 }
 
@@ -63,8 +74,10 @@ impl KeyTable {
             store,
             by_prefix: RwLock::new(HashMap::new()),
             seen: AtomicI64::new(0),
-            pulls: tokio::sync::Mutex::new(LastPull {
-                started: Instant::now(),
+            pulling: tokio::sync::Mutex::new(()),
+            pulls: watch::Sender::new(Pulls {
+                started: 0,
+                ended: 0,
                 ok: true,
             }),
         };
@@ -83,24 +96,26 @@ impl KeyTable {
         self.read().values().find(|key| key.id == id).cloned()
     }
 
-    /// The key with this prefix: from the table, or after a pull of the change feed
-    /// when the table does not have it (see the module notes for the bounds).
+    /// The key with this prefix: from the table, or, when the table does not have it,
+    /// as the follow loop's next pull leaves it (see the module notes).
     /// `Ok(None)`: no such key. `Err`: not in the table, and the store could not be
     /// asked.
     pub async fn find(&self, prefix: &str) -> Result<Option<Arc<KeyRecord>>, StoreError> {
         if let Some(found) = self.get(prefix) {
             return Ok(Some(found));
         }
-        let asked = Instant::now();
-        let mut last = self.pulls.lock().await;
-        // A pull that started after this request asked has everything committed before
-        // it: its answer is this request's answer too.
-        if last.started < asked {
-            tokio::time::sleep_until(last.started + MISS_PULL_SPACING).await;
-            *last = self.pull_locked(last.ok).await;
-        }
-        let ok = last.ok;
-        drop(last);
+        let mut pulls = self.pulls.subscribe();
+        let asked = *pulls.borrow_and_update();
+        // A pull numbered after `asked.started` starts after this miss: it has every key
+        // committed before the request asked. A pull that fails meanwhile answers too:
+        // the store is away, and the key cannot be told from one created a moment ago.
+        let answered = pulls.wait_for(|now| {
+            now.ended > asked.started || (now.ended > asked.ended && !now.ok)
+        });
+        let ok = matches!(
+            tokio::time::timeout(MISS_WAIT, answered).await,
+            Ok(Ok(now)) if now.ok
+        );
         match self.get(prefix) {
             Some(found) => Ok(Some(found)),
             None if ok => Ok(None),
@@ -111,13 +126,15 @@ impl KeyTable {
     /// Applies every change committed since the last pull; returns once it is in the
     /// table.
     pub async fn pull(&self) -> Result<(), StoreError> {
-        let mut last = self.pulls.lock().await;
-        *last = self.pull_locked(last.ok).await;
-        if last.ok {
-            Ok(())
-        } else {
-            Err(StoreError::Unavailable)
-        }
+        let _one_at_a_time = self.pulling.lock().await;
+        let was_ok = self.pulls.borrow().ok;
+        self.pulls.send_modify(|pulls| pulls.started += 1);
+        let ok = self.pull_logged(was_ok).await;
+        self.pulls.send_modify(|pulls| {
+            pulls.ended = pulls.started;
+            pulls.ok = ok;
+        });
+        if ok { Ok(()) } else { Err(StoreError::Unavailable) }
     }
 
     /// Pulls the change feed every [`FOLLOW_EVERY`], and at once on each signal of a
@@ -162,9 +179,8 @@ impl KeyTable {
     }
 
     /// One pull; logs the start and the end of an outage (`was_ok`: how the last pull
-    /// went), not every failed pull.
-    async fn pull_locked(&self, was_ok: bool) -> LastPull {
-        let started = Instant::now();
+    /// went), not every failed pull. Whether it went well.
+    async fn pull_logged(&self, was_ok: bool) -> bool {
         let ok = match self.apply_changes().await {
             Ok(()) => true,
             Err(err) => {
@@ -177,7 +193,7 @@ impl KeyTable {
         if ok && !was_ok {
             tracing::info!("the key change feed can be read again");
         }
-        LastPull { started, ok }
+        ok
     }
 
     async fn apply_changes(&self) -> Result<(), StoreError> {

@@ -150,6 +150,9 @@ impl Gateway {
             .create_key("limited", None, &key, &limits)
             .await
             .unwrap();
+        // In the table now, as an admin call would have it: a miss would wait for the
+        // follow loop's next pull.
+        self.state.keys().pull().await.unwrap();
         (record.id, key.secret.expose().to_owned())
     }
 
@@ -262,6 +265,7 @@ async fn state(config: Config) -> (AppState, Arc<LocalLimiter>, String) {
         .create_key("test", None, &key, &LimitOverrides::default())
         .await
         .unwrap();
+    state.keys().pull().await.unwrap();
     (state, limiter, key.secret.expose().to_owned())
 }
 
@@ -295,6 +299,11 @@ gpu = "gpu-a"
             db = dir.path().join("fleetgate.db").display(),
         );
         let (state, _, key) = state(Config::from_toml(&toml).unwrap()).await;
+        // As `serve` would: a request with an unknown key waits for the follow loop's
+        // next pull. It ends with the test's runtime.
+        tokio::spawn(
+            Arc::clone(state.keys()).follow(tokio_util::sync::CancellationToken::new()),
+        );
         Self {
             router: build_router(state),
             key,
