@@ -13,7 +13,8 @@ local channel, key_id, queue_ttl_us = ARGV[11], ARGV[12], tonumber(ARGV[13]) * 1
 
 -- A missing counter (new month, lost data) is seeded from the ledger by the caller,
 -- who then calls again; nothing has changed yet.
-if redis.call('EXISTS', used) == 0 then
+local used_tokens = redis.call('GET', used)
+if not used_tokens then
   return {SEED}
 end
 
@@ -38,7 +39,8 @@ end
 
 local waiting = redis.call('ZCARD', queue)
 if waiting == 0 and redis.call('ZCARD', run) < max_concurrent then
-  return start(run, grants, used, lease, month, budget, prompt, fan_out, max_tokens, now, ttl_us)
+  return start(run, grants, tonumber(used_tokens), lease, month, budget, prompt, fan_out,
+               max_tokens, now, ttl_us)
 end
 if waiting >= max_queued then
   return {QUEUE_FULL}

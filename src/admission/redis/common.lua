@@ -23,9 +23,15 @@ local LAPSED_KEEP_US = 120 * 1000000
 -- Writes after TIME need effects replication (the default since Redis 5; a no-op there).
 if redis.replicate_commands then redis.replicate_commands() end
 
+-- Redis's clock, read once per script (every call is a round trip into Redis, TIME
+-- one of the dearest): a script runs atomically, so one reading serves all of it.
+local script_now_us
 local function now_us()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if not script_now_us then
+    local t = redis.call('TIME')
+    script_now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return script_now_us
 end
 
 -- An integer as a string without exponent (tostring would give "1e+15").
@@ -40,8 +46,7 @@ local function expire_no_sooner(key, at_ms)
   if ttl == -2 then
     return
   end
-  local t = redis.call('TIME')
-  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now_ms = math.floor(now_us() / 1000)
   if ttl == -1 or now_ms + ttl < at_ms then
     redis.call('PEXPIREAT', key, int(at_ms))
   end
@@ -92,6 +97,11 @@ end
 -- lapsed now, so that it too is dropped once kept long enough.
 local function reserved_in(run, grants, month, now)
   local sum = 0
+  -- The running leases as a set, read once (not a ZSCORE per reservation).
+  local running = {}
+  for _, lease in ipairs(redis.call('ZRANGE', run, 0, -1)) do
+    running[lease] = true
+  end
   local all = redis.call('HGETALL', grants)
   for i = 2, #all, 2 do
     local field, value = all[i - 1], all[i]
@@ -103,7 +113,7 @@ local function reserved_in(run, grants, month, now)
         sum = sum + tonumber(n)
       end
     else
-      if not redis.call('ZSCORE', run, field) then
+      if not running[field] then
         redis.call('HDEL', grants, field)
         redis.call('HSET', grants, '~' .. field, value .. ' ' .. int(now))
       end
@@ -116,10 +126,9 @@ local function reserved_in(run, grants, month, now)
 end
 
 -- Reserves the budget and takes a running slot, or refuses on the budget (changing
--- nothing). The caller has checked that the `used` counter exists.
-local function start(run, grants, used_key, lease, month, budget, prompt, fan_out,
+-- nothing). `used`: the month's counter, which the caller has read (it exists).
+local function start(run, grants, used, lease, month, budget, prompt, fan_out,
                      max_tokens, now, ttl_us)
-  local used = tonumber(redis.call('GET', used_key) or 0)
   local reserved = reserved_in(run, grants, month, now)
   local available = math.max(budget - used - reserved, 0)
   local fit = 0

@@ -16,8 +16,7 @@ local changed = purge(run, grants, queue, qexp, now_us())
 -- The reservation is found under the lease (running; or its slot set expired whole
 -- while Redis stood still, before any purge could see it) or under '~'..lease (lapsed).
 redis.call('ZREM', run, lease)
-local settled = math.min(
-  redis.call('HDEL', grants, lease) + redis.call('HDEL', grants, '~' .. lease), 1)
+local settled = math.min(redis.call('HDEL', grants, lease, '~' .. lease), 1)
 if settled == 1 and redis.call('EXISTS', used) == 1 then
   redis.call('INCRBY', used, used_tokens)
 end

@@ -29,13 +29,15 @@ if redis.call('ZRANGE', queue, 0, 0)[1] ~= lease
     or redis.call('ZCARD', run) >= max_concurrent then
   return {WAIT}
 end
-if redis.call('EXISTS', used) == 0 then
+local used_tokens = redis.call('GET', used)
+if not used_tokens then
   return {SEED}
 end
 
 redis.call('ZREM', queue, lease)
 redis.call('ZREM', qexp, lease)
-local reply = start(run, grants, used, lease, month, budget, prompt, fan_out, max_tokens, now, ttl_us)
+local reply = start(run, grants, tonumber(used_tokens), lease, month, budget, prompt, fan_out,
+                   max_tokens, now, ttl_us)
 -- The next in line is first now (and may start too).
 redis.call('PUBLISH', channel, key_id)
 return reply
