@@ -48,6 +48,9 @@ impl Drop for LogGuard {
     }
 }
 
+/// The log writer's buffer: lines that arrive while it writes go out together.
+const LOG_BUFFER_BYTES: usize = 64 * 1024;
+
 /// Installs the global tracing subscriber (stderr; stdout belongs to CLI output) and,
 /// when `[traces]` names an endpoint, the trace exporter.
 /// `RUST_LOG` refines the log filter; the default logs requests at info.
@@ -62,9 +65,11 @@ impl Drop for LogGuard {
 pub fn init_logging(format: LogFormat, traces: &TraceSettings) -> anyhow::Result<LogGuard> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tower_http=info"));
+    // Buffered: the writer thread flushes once it has drained what is queued, so a
+    // burst of lines is one write rather than a write per line.
     let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
         .lossy(false)
-        .finish(std::io::stderr());
+        .finish(std::io::BufWriter::with_capacity(LOG_BUFFER_BYTES, std::io::stderr()));
     let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(writer);
