@@ -13,7 +13,7 @@
 //! | key | type | content |
 //! | --- | --- | --- |
 //! | `P:{id}:run` | zset | running leases → lease expiry (µs, Redis clock) |
-//! | `P:{id}:grants` | hash | running lease → `"YYYY-MM reserved"` (its budget reservation); `~lease` → `"YYYY-MM reserved lapsed_at"` (a lapsed slot's) |
+//! | `P:{id}:grants` | hash | running lease → `"YYYY-MM reserved"` (its budget reservation); `~lease` → `"YYYY-MM reserved lapsed_at"` (a lapsed slot's); the bookkeeping beside them: `#running`, `#lapsed` (how many of each) and `#sum:YYYY-MM` (their tokens in that month) |
 //! | `P:{id}:queue` | zset | waiting leases → ticket (arrival order) |
 //! | `P:{id}:qexp` | zset | waiting leases → lease expiry (µs) |
 //! | `P:{id}:rate` | string | GCRA theoretical arrival time (µs); expires when idle |
@@ -43,6 +43,14 @@
 //! the used counter, and a late `renew` takes the slot back — so a Redis that stood
 //! still past the TTL (its clock jumps on resume) loses no usage and lets no budget be
 //! spent twice. A crashed replica's reservations come back after those two minutes.
+//!
+//! The budget check needs the month's reserved tokens. They are kept as a sum beside
+//! the reservations, changed with each of them, so an admission costs the same however
+//! many requests of the key are running (reading every reservation cost ~1.5 µs of
+//! Redis time each). The reservations are read and the bookkeeping written anew only
+//! when it shows something to look at: lapsed reservations (to drop in time), or a
+//! count of running ones that differs from the running slots (a slot set that expired
+//! whole, or bookkeeping missing or wrong).
 //! The lease sets themselves expire 1 s after their last lease (`grants` two minutes
 //! after), the rate key when it no longer limits, and the used counters
 //! [`COUNTER_TTL_PAST_MONTH`] after their month ends.

@@ -852,15 +852,21 @@ async fn a_reservation_left_without_its_slot_set_is_set_aside(fx: Fixture) {
             reserved: lost.reserved
         }
     );
-    let grants: Vec<String> = redis::cmd("HKEYS")
+    let grants: std::collections::BTreeMap<String, String> = redis::cmd("HGETALL")
         .arg(run.replace(":run", ":grants"))
         .query(&mut redis)
         .unwrap();
+    let reservations: Vec<&String> = grants.keys().filter(|f| !f.starts_with('#')).collect();
     assert_eq!(
-        grants,
+        reservations,
         ["~lost"],
         "set aside as lapsed, to be dropped in time"
     );
+    // The bookkeeping beside it (which spares a busy key's admissions a read of every
+    // reservation) was written anew by that look.
+    assert_eq!(grants["#running"], "0");
+    assert_eq!(grants["#lapsed"], "1");
+    assert_eq!(grants[&format!("#sum:{}", lost.month)], lost.reserved.to_string());
     // And a late finish still settles it, once.
     healthy.finish(1, "lost", &lost, 30).await.unwrap();
     assert_eq!(
@@ -868,6 +874,61 @@ async fn a_reservation_left_without_its_slot_set_is_set_aside(fx: Fixture) {
         Usage {
             used: 30,
             reserved: 0
+        }
+    );
+}
+
+/// Reservations whose bookkeeping is missing or wrong (made by a version that kept
+/// none, or damaged) are still all counted: the next look counts them anew, and the
+/// budget holds from there on.
+async fn reservations_without_their_bookkeeping_are_counted(fx: Fixture) {
+    let limits = limits(1000, 600, 4, 4);
+    let each = cost(10, 1, 90);
+    let limiter = fx.limiter();
+    let a = running(limiter.admit(1, &limits, &each, "a").await);
+    let b = running(limiter.admit(1, &limits, &each, "b").await);
+    let mut redis = fx.redis_connection().unwrap();
+    let grants = fx
+        .redis_keys(&mut redis)
+        .into_iter()
+        .find(|k| k.ends_with(":grants"))
+        .unwrap();
+    let bookkeeping: Vec<String> = redis::cmd("HKEYS")
+        .arg(&grants)
+        .query::<Vec<String>>(&mut redis)
+        .unwrap()
+        .into_iter()
+        .filter(|f| f.starts_with('#'))
+        .collect();
+    assert!(!bookkeeping.is_empty(), "bookkeeping is kept beside the reservations");
+    redis::cmd("HDEL")
+        .arg(&grants)
+        .arg(&bookkeeping)
+        .query::<i64>(&mut redis)
+        .unwrap();
+    let both = Usage {
+        used: 0,
+        reserved: a.reserved + b.reserved,
+    };
+    assert_eq!(limiter.usage(1, a.month).await.unwrap(), both);
+    // Wrong rather than missing: a sum of 0 beside a count that does not match the slots.
+    redis::cmd("HSET")
+        .arg(&grants)
+        .arg("#running")
+        .arg(7)
+        .arg(format!("#sum:{}", a.month))
+        .arg(0)
+        .query::<i64>(&mut redis)
+        .unwrap();
+    assert_eq!(limiter.usage(1, a.month).await.unwrap(), both);
+    // From there on it is kept: a third start fits what is left, a finish settles once.
+    let c = running(limiter.admit(1, &limits, &each, "c").await);
+    limiter.finish(1, "a", &a, 50).await.unwrap();
+    assert_eq!(
+        limiter.usage(1, a.month).await.unwrap(),
+        Usage {
+            used: 50,
+            reserved: b.reserved + c.reserved
         }
     );
 }
@@ -1113,5 +1174,6 @@ limiter_tests! {
         waiters_wake_across_replicas,
         leases_of_a_crashed_replica_expire,
         a_reservation_left_without_its_slot_set_is_set_aside,
+        reservations_without_their_bookkeeping_are_counted,
     ],
 }

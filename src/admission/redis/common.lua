@@ -4,7 +4,11 @@
 --   grants  HASH lease -> "YYYY-MM reserved"   the budget reservation of each running slot;
 --                '~'..lease -> "YYYY-MM reserved lapsed_at"  a slot whose lease lapsed
 --                (its replica died, or Redis stood still past the TTL): its reservation
---                still counts, and a late finish still settles it, for LAPSED_KEEP_US
+--                still counts, and a late finish still settles it, for LAPSED_KEEP_US;
+--                '#running', '#lapsed' -> how many of each there are, and
+--                '#sum:'..month -> their reserved tokens in that month: kept with every
+--                change, so that a month's reservations are summed without reading
+--                them all (see reserved_in)
 --   queue   ZSET lease -> ticket               waiting leases, in arrival order
 --   qexp    ZSET lease -> expiry (µs)          when each queue place lapses
 --   used    STRING                             used tokens of the key in one month
@@ -52,6 +56,22 @@ local function expire_no_sooner(key, at_ms)
   end
 end
 
+-- The bookkeeping of one reservation `value` ("YYYY-MM reserved[ lapsed_at]") going:
+-- one fewer of `counter` ('#running' or '#lapsed'), its tokens off its month's sum.
+local function uncount(grants, value, counter)
+  local month, reserved = string.match(value, '^(%S+) (%d+)')
+  redis.call('HINCRBY', grants, counter, -1)
+  if month then
+    redis.call('HINCRBY', grants, '#sum:' .. month, -tonumber(reserved))
+  end
+end
+
+-- A running reservation set aside as lapsed: same tokens, another counter.
+local function count_as_lapsed(grants)
+  redis.call('HINCRBY', grants, '#running', -1)
+  redis.call('HINCRBY', grants, '#lapsed', 1)
+end
+
 -- Removes running slots and queue places whose lease lapsed; a lapsed slot's
 -- reservation is kept aside as '~'..lease (see LAPSED_KEEP_US). Returns how many it
 -- removed.
@@ -63,6 +83,7 @@ local function purge(run, grants, queue, qexp, now)
     redis.call('HDEL', grants, lease)
     if grant then
       redis.call('HSET', grants, '~' .. lease, grant .. ' ' .. int(now))
+      count_as_lapsed(grants)
       expire_no_sooner(grants, math.floor(now / 1000) + LAPSED_KEEP_US / 1000 + 1000)
     end
     n = n + 1
@@ -91,38 +112,70 @@ local function tidy_run(run, grants)
   tidy(run, grants, LAPSED_KEEP_US / 1000 + 1000)
 end
 
--- Tokens reserved against `month` by running slots and by lapsed ones still kept
--- (dropping those kept long enough). A reservation whose slot is gone without a purge
--- having seen it (the slot set expired whole while Redis stood still) is set aside as
--- lapsed now, so that it too is dropped once kept long enough.
-local function reserved_in(run, grants, month, now)
-  local sum = 0
-  -- The running leases as a set, read once (not a ZSCORE per reservation).
-  local running = {}
+-- Reads every reservation: drops lapsed ones kept long enough; sets aside as lapsed now
+-- a running one whose slot is gone without a purge having seen it (the slot set expired
+-- whole while Redis stood still), so that it too is dropped once kept long enough; and
+-- writes the bookkeeping anew from what is left (which also mends bookkeeping that is
+-- missing, as for reservations made before it was kept). Returns `month`'s sum.
+local function recount(run, grants, month, now)
+  local running_set = {}
   for _, lease in ipairs(redis.call('ZRANGE', run, 0, -1)) do
-    running[lease] = true
+    running_set[lease] = true
   end
   local all = redis.call('HGETALL', grants)
+  local running, lapsed, sums, stale = 0, 0, {}, {}
   for i = 2, #all, 2 do
     local field, value = all[i - 1], all[i]
-    local m, n, lapsed_at = string.match(value, '^(%S+) (%d+) ?(%d*)$')
-    if string.sub(field, 1, 1) == '~' then
-      if now - (tonumber(lapsed_at) or 0) > LAPSED_KEEP_US then
-        redis.call('HDEL', grants, field)
-      elseif m == month then
-        sum = sum + tonumber(n)
-      end
+    local kind = string.sub(field, 1, 1)
+    if kind == '#' then
+      stale[#stale + 1] = field
     else
-      if not running[field] then
+      local m, n, lapsed_at = string.match(value, '^(%S+) (%d+) ?(%d*)$')
+      local kept = true
+      if kind == '~' then
+        if now - (tonumber(lapsed_at) or 0) > LAPSED_KEEP_US then
+          redis.call('HDEL', grants, field)
+          kept = false
+        else
+          lapsed = lapsed + 1
+        end
+      elseif running_set[field] then
+        running = running + 1
+      else
         redis.call('HDEL', grants, field)
         redis.call('HSET', grants, '~' .. field, value .. ' ' .. int(now))
+        lapsed = lapsed + 1
       end
-      if m == month then
-        sum = sum + tonumber(n)
+      if kept and m then
+        sums[m] = (sums[m] or 0) + tonumber(n)
       end
     end
   end
-  return sum
+  if #stale > 0 then
+    redis.call('HDEL', grants, unpack(stale))
+  end
+  -- Only beside reservations: bookkeeping alone would keep an idle key's hash alive.
+  if running + lapsed > 0 then
+    local fields = {'#running', running, '#lapsed', lapsed}
+    for m, n in pairs(sums) do
+      fields[#fields + 1] = '#sum:' .. m
+      fields[#fields + 1] = n
+    end
+    redis.call('HSET', grants, unpack(fields))
+  end
+  return sums[month] or 0
+end
+
+-- Tokens reserved against `month` by running slots and by lapsed ones still kept: the
+-- kept sum, when the bookkeeping shows nothing that needs a look (no lapsed reservation
+-- to drop in time, and a reservation for each running slot); else counted anew.
+local function reserved_in(run, grants, month, now)
+  local kept = redis.call('HMGET', grants, '#running', '#lapsed', '#sum:' .. month)
+  if kept[1] and tonumber(kept[2] or 0) == 0
+      and tonumber(kept[1]) == redis.call('ZCARD', run) then
+    return tonumber(kept[3] or 0)
+  end
+  return recount(run, grants, month, now)
 end
 
 -- Reserves the budget and takes a running slot, or refuses on the budget (changing
@@ -141,6 +194,8 @@ local function start(run, grants, used, lease, month, budget, prompt, fan_out,
   local hold = prompt + fan_out * fit
   redis.call('ZADD', run, int(now + ttl_us), lease)
   redis.call('HSET', grants, lease, month .. ' ' .. int(hold))
+  redis.call('HINCRBY', grants, '#running', 1)
+  redis.call('HINCRBY', grants, '#sum:' .. month, hold)
   tidy_run(run, grants)
   return {RUNNING, fit, hold}
 end

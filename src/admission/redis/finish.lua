@@ -16,7 +16,18 @@ local changed = purge(run, grants, queue, qexp, now_us())
 -- The reservation is found under the lease (running; or its slot set expired whole
 -- while Redis stood still, before any purge could see it) or under '~'..lease (lapsed).
 redis.call('ZREM', run, lease)
-local settled = math.min(redis.call('HDEL', grants, lease, '~' .. lease), 1)
+local found = redis.call('HMGET', grants, lease, '~' .. lease)
+local settled = 0
+if found[1] or found[2] then
+  redis.call('HDEL', grants, lease, '~' .. lease)
+  if found[1] then
+    uncount(grants, found[1], '#running')
+  end
+  if found[2] then
+    uncount(grants, found[2], '#lapsed')
+  end
+  settled = 1
+end
 if settled == 1 and redis.call('EXISTS', used) == 1 then
   redis.call('INCRBY', used, used_tokens)
 end

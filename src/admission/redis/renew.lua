@@ -25,6 +25,8 @@ else
     local month, reserved = string.match(lapsed, '^(%S+) (%d+)')
     redis.call('HDEL', grants, '~' .. lease)
     redis.call('HSET', grants, lease, month .. ' ' .. reserved)
+    redis.call('HINCRBY', grants, '#lapsed', -1)
+    redis.call('HINCRBY', grants, '#running', 1)
     redis.call('ZADD', run, until_, lease)
     found = 1
   end
