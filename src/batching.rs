@@ -1,14 +1,21 @@
 //! The loop both write-behind writers run (the request log, the usage ledger): rows
-//! arrive on a channel, and a batch is handed to its [`Sink`] when it reaches
-//! `batch_rows` rows, when its first row has waited `max_delay`, or when someone asks
-//! for a flush; on `stop` (or when every sender is gone) the channel is closed, what is
-//! queued is drained and written, and the loop ends. What a failed write does (retry,
-//! give up, drop) is the sink's own policy.
+//! arrive on a channel, and the rows waiting are handed to the [`Sink`] (in writes of
+//! at most `batch_rows` rows) once the first of them has waited `max_delay`, or as soon
+//! as `batch_rows` of them wait, or when someone asks for a flush; on `stop` (or when
+//! every sender is gone) the channel is closed, what is queued is drained and written,
+//! and the loop ends. What a failed write does (retry, give up, drop) is the sink's own
+//! policy.
+//!
+//! Only the first row of a batch wakes the writer: the rest wait in the channel until
+//! the batch is due and are taken then, so a request hands its row over without waking
+//! a task (a wake-up per row was a thread hop on every request's path). A full batch
+//! ([`row_queued`]) or a flush makes it due through [`Batching::due`].
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 pub enum Message<R> {
@@ -24,10 +31,20 @@ pub trait Sink<R>: Send + 'static {
 }
 
 /// When a batch is written.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Batching {
     pub batch_rows: usize,
     pub max_delay: Duration,
+    /// Notified after a [`Message::Flush`] is sent: the batch is due at once.
+    pub due: Arc<Notify>,
+}
+
+/// To be called after a row was queued on `queue`: makes the batch due once a full one
+/// waits.
+pub fn row_queued<R>(queue: &mpsc::Sender<Message<R>>, batch_rows: usize, due: &Notify) {
+    if queue.max_capacity() - queue.capacity() >= batch_rows {
+        due.notify_one();
+    }
 }
 
 /// Runs the writer until `stop` or until every sender is gone; see the module notes.
@@ -39,26 +56,32 @@ pub async fn run<R: Send + 'static, S: Sink<R>>(
 ) {
     let batch_rows = batching.batch_rows.max(1);
     let mut batch = Vec::with_capacity(batch_rows);
-    // When the batch's first row arrived plus max_delay; reset with each new batch.
-    let deadline = tokio::time::sleep(batching.max_delay);
-    tokio::pin!(deadline);
     loop {
+        // Idle: the first message wakes the writer.
+        let first = tokio::select! {
+            biased;
+            () = stop.cancelled() => break,
+            message = rx.recv() => message,
+        };
+        let Some(first) = first else {
+            break; // every sender is gone
+        };
+        handle(&mut sink, &mut batch, batch_rows, first).await;
+        if batch.is_empty() {
+            continue; // a flush, answered
+        }
+        // Collecting: the rows that follow wait in the channel until the batch is due.
         tokio::select! {
             biased;
             () = stop.cancelled() => break,
-            message = rx.recv() => match message {
-                Some(message) => {
-                    if batch.is_empty() {
-                        deadline
-                            .as_mut()
-                            .reset(tokio::time::Instant::now() + batching.max_delay);
-                    }
-                    handle(&mut sink, &mut batch, batch_rows, message).await;
-                }
-                // Every sender is gone.
-                None => break,
-            },
-            () = &mut deadline, if !batch.is_empty() => sink.write(&mut batch).await,
+            () = batching.due.notified() => {}
+            () = tokio::time::sleep(batching.max_delay) => {}
+        }
+        while let Ok(message) = rx.try_recv() {
+            handle(&mut sink, &mut batch, batch_rows, message).await;
+        }
+        if !batch.is_empty() {
+            sink.write(&mut batch).await;
         }
     }
     // Take no more, then write what is already queued.

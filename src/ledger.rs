@@ -1,7 +1,7 @@
 //! The usage ledger's write-behind writer. A settled request hands its [`UsageRow`] to
 //! [`Ledger::record`], which never waits for the store; one background task commits
-//! the rows in batches (group commit: one transaction per [`LedgerConfig::batch_rows`]
-//! rows or per [`LedgerConfig::max_delay`], whichever comes first).
+//! the rows in batches (group commit: the rows settled in one [`LedgerConfig::max_delay`]
+//! from the first, in transactions of at most [`LedgerConfig::batch_rows`] rows).
 //!
 //! - **Nothing is dropped.** A batch that fails is retried, with back-off, until the
 //!   store takes it (rows are idempotent on their request id, so a retry after an
@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -42,7 +42,7 @@ pub const FLUSH_WAIT: Duration = Duration::from_secs(2);
 pub struct LedgerConfig {
     /// Rows per transaction at most.
     pub batch_rows: usize,
-    /// How long a row may wait for its batch to fill.
+    /// How long the first row of a batch waits for the rest (the most a row waits).
     pub max_delay: Duration,
     /// Rows recorded but not yet committed beyond which new requests are refused.
     pub backlog_limit: usize,
@@ -95,6 +95,9 @@ struct Shared {
     give_up: CancellationToken,
     writer: tokio::sync::Mutex<Option<JoinHandle<()>>>,
     listener: Listener,
+    /// Makes the writer's batch due at once (a full batch waits, or a flush).
+    due: Arc<Notify>,
+    batch_rows: usize,
 }
 
 #[derive(Default)]
@@ -125,12 +128,16 @@ impl Ledger {
             give_up: give_up.clone(),
             listener: Arc::clone(&listener),
         };
+        let due = Arc::new(Notify::new());
         let batching = Batching {
             batch_rows: config.batch_rows,
             max_delay: config.max_delay,
+            due: Arc::clone(&due),
         };
         let handle = tokio::spawn(batching::run(writer, rx, stop.clone(), batching));
         Self(Arc::new(Shared {
+            due,
+            batch_rows: config.batch_rows.max(1),
             queue,
             counters,
             backlog_limit: config.backlog_limit,
@@ -151,7 +158,11 @@ impl Ledger {
     pub fn record(&self, row: UsageRow) {
         let counters = &self.0.counters;
         counters.pending.fetch_add(1, Ordering::AcqRel);
-        if let Err(err) = self.0.queue.try_send(Message::Row(row)) {
+        let queued = self.0.queue.try_send(Message::Row(row));
+        if queued.is_ok() {
+            batching::row_queued(&self.0.queue, self.0.batch_rows, &self.0.due);
+        }
+        if let Err(err) = queued {
             counters.pending.fetch_sub(1, Ordering::AcqRel);
             counters.lost.fetch_add(1, Ordering::Relaxed);
             let row = match err {
@@ -184,6 +195,7 @@ impl Ledger {
     pub async fn flush(&self) {
         let (done, written) = oneshot::channel();
         if self.0.queue.send(Message::Flush(done)).await.is_ok() {
+            self.0.due.notify_one();
             let _ = written.await;
         }
     }

@@ -11,9 +11,9 @@
 //! let stats = log.close().await;                  // at shutdown: drain, write, stop
 //! ```
 //!
-//! - **Batching**: a batch is written when it reaches [`RequestLogConfig::batch_rows`] rows
-//!   or when its oldest row has waited [`RequestLogConfig::max_delay`], whichever comes
-//!   first (so a row reaches the database within about `max_delay` plus one write).
+//! - **Batching**: a batch is written when its first row has waited
+//!   [`RequestLogConfig::max_delay`], in writes of at most [`RequestLogConfig::batch_rows`]
+//!   rows (so a row reaches the database within about `max_delay` plus the writes).
 //! - **Back-pressure**: the queue is bounded ([`RequestLogConfig::capacity`]); when it is
 //!   full (the database is far behind) a new row is dropped and counted, with a warning
 //!   at most once a second. Requests are never slowed down by the log.
@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -46,9 +46,9 @@ use crate::store::{RequestLogRow, Store, StoreError};
 pub struct RequestLogConfig {
     /// Rows waiting to be written at most; beyond that new rows are dropped.
     pub capacity: usize,
-    /// Rows per batch (one transaction).
+    /// Rows per write (one transaction) at most.
     pub batch_rows: usize,
-    /// How long a row may wait for its batch to fill before the batch is written anyway.
+    /// How long the first row of a batch waits for the rest (the most a row waits).
     pub max_delay: Duration,
     /// Attempts to write a batch (the first one included) before it is dropped.
     pub write_attempts: u32,
@@ -105,6 +105,9 @@ struct Shared {
     started: Instant,
     /// Milliseconds after `started` of the last warning, plus one (0: never warned).
     last_warning_ms: AtomicU64,
+    /// Makes the writer's batch due at once (a full batch waits, or a flush).
+    due: Arc<Notify>,
+    batch_rows: usize,
 }
 
 #[derive(Default)]
@@ -136,9 +139,12 @@ impl RequestLog {
         let (queue, rx) = mpsc::channel(config.capacity.max(1));
         let counters = Arc::new(Counters::default());
         let stop = CancellationToken::new();
+        let due = Arc::new(Notify::new());
+        let batching_rows = config.batch_rows.max(1);
         let batching = Batching {
             batch_rows: config.batch_rows,
             max_delay: config.max_delay,
+            due: Arc::clone(&due),
         };
         let writer = Writer {
             store,
@@ -154,6 +160,8 @@ impl RequestLog {
                 writer: tokio::sync::Mutex::new(Some(handle)),
                 started: Instant::now(),
                 last_warning_ms: AtomicU64::new(0),
+                due,
+                batch_rows: batching_rows,
             }),
         }
     }
@@ -163,7 +171,7 @@ impl RequestLog {
     /// counted in [`RequestLogStats::dropped`].
     pub fn record(&self, row: RequestLogRow) {
         match self.queue.try_send(Message::Row(row)) {
-            Ok(()) => {}
+            Ok(()) => batching::row_queued(&self.queue, self.shared.batch_rows, &self.shared.due),
             Err(mpsc::error::TrySendError::Full(_)) => self.dropped("the queue is full"),
             Err(mpsc::error::TrySendError::Closed(_)) => self.dropped("the log is closed"),
         }
@@ -176,6 +184,7 @@ impl RequestLog {
     pub async fn flush(&self) {
         let (done, written) = oneshot::channel();
         if self.queue.send(Message::Flush(done)).await.is_ok() {
+            self.shared.due.notify_one();
             // An error means the writer stopped (it answers every flush it takes).
             let _ = written.await;
         }

@@ -36,7 +36,7 @@ use crate::traces::Exporter;
 #[must_use = "dropping the guard stops the log writer and the trace exporter"]
 pub struct LogGuard {
     traces: Option<Exporter>,
-    _writer: tracing_appender::non_blocking::WorkerGuard,
+    _writer: crate::log_writer::LogWriterGuard,
 }
 
 impl Drop for LogGuard {
@@ -48,16 +48,13 @@ impl Drop for LogGuard {
     }
 }
 
-/// The log writer's buffer: lines that arrive while it writes go out together.
-const LOG_BUFFER_BYTES: usize = 64 * 1024;
-
 /// Installs the global tracing subscriber (stderr; stdout belongs to CLI output) and,
 /// when `[traces]` names an endpoint, the trace exporter.
 /// `RUST_LOG` refines the log filter; the default logs requests at info.
 ///
 /// Lines are written to stderr by a thread of their own, so a request never waits for
-/// the write (under load a line per request was a quarter of the gateway's time). It
-/// blocks rather than drops when its queue is full: no line is lost.
+/// the write (under load a line per request was a quarter of the gateway's time), nor
+/// wakes that thread (see `log_writer`). No line is lost.
 ///
 /// Each output has its own filter: the request path's stage spans are at debug level,
 /// which the log leaves out by default, and only the traces layer (when there is one)
@@ -65,11 +62,7 @@ const LOG_BUFFER_BYTES: usize = 64 * 1024;
 pub fn init_logging(format: LogFormat, traces: &TraceSettings) -> anyhow::Result<LogGuard> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tower_http=info"));
-    // Buffered: the writer thread flushes once it has drained what is queued, so a
-    // burst of lines is one write rather than a write per line.
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(false)
-        .finish(std::io::BufWriter::with_capacity(LOG_BUFFER_BYTES, std::io::stderr()));
+    let (writer, guard) = crate::log_writer::stderr().context("starting the log writer")?;
     let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(writer);

@@ -109,9 +109,8 @@ impl KeyTable {
         // A pull numbered after `asked.started` starts after this miss: it has every key
         // committed before the request asked. A pull that fails meanwhile answers too:
         // the store is away, and the key cannot be told from one created a moment ago.
-        let answered = pulls.wait_for(|now| {
-            now.ended > asked.started || (now.ended > asked.ended && !now.ok)
-        });
+        let answered =
+            pulls.wait_for(|now| now.ended > asked.started || (now.ended > asked.ended && !now.ok));
         let ok = matches!(
             tokio::time::timeout(MISS_WAIT, answered).await,
             Ok(Ok(now)) if now.ok
@@ -134,7 +133,11 @@ impl KeyTable {
             pulls.ended = pulls.started;
             pulls.ok = ok;
         });
-        if ok { Ok(()) } else { Err(StoreError::Unavailable) }
+        if ok {
+            Ok(())
+        } else {
+            Err(StoreError::Unavailable)
+        }
     }
 
     /// Pulls the change feed every [`FOLLOW_EVERY`], and at once on each signal of a

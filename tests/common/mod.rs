@@ -301,9 +301,7 @@ gpu = "gpu-a"
         let (state, _, key) = state(Config::from_toml(&toml).unwrap()).await;
         // As `serve` would: a request with an unknown key waits for the follow loop's
         // next pull. It ends with the test's runtime.
-        tokio::spawn(
-            Arc::clone(state.keys()).follow(tokio_util::sync::CancellationToken::new()),
-        );
+        tokio::spawn(Arc::clone(state.keys()).follow(tokio_util::sync::CancellationToken::new()));
         Self {
             router: build_router(state),
             key,

@@ -866,7 +866,10 @@ async fn a_reservation_left_without_its_slot_set_is_set_aside(fx: Fixture) {
     // reservation) was written anew by that look.
     assert_eq!(grants["#running"], "0");
     assert_eq!(grants["#lapsed"], "1");
-    assert_eq!(grants[&format!("#sum:{}", lost.month)], lost.reserved.to_string());
+    assert_eq!(
+        grants[&format!("#sum:{}", lost.month)],
+        lost.reserved.to_string()
+    );
     // And a late finish still settles it, once.
     healthy.finish(1, "lost", &lost, 30).await.unwrap();
     assert_eq!(
@@ -900,7 +903,10 @@ async fn reservations_without_their_bookkeeping_are_counted(fx: Fixture) {
         .into_iter()
         .filter(|f| f.starts_with('#'))
         .collect();
-    assert!(!bookkeeping.is_empty(), "bookkeeping is kept beside the reservations");
+    assert!(
+        !bookkeeping.is_empty(),
+        "bookkeeping is kept beside the reservations"
+    );
     redis::cmd("HDEL")
         .arg(&grants)
         .arg(&bookkeeping)

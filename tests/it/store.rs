@@ -1545,7 +1545,7 @@ async fn next_append(
 }
 
 #[tokio::test]
-async fn request_log_writes_full_batches_at_once_and_the_rest_at_close() {
+async fn request_log_writes_full_batches_at_once() {
     let db = TestDb::sqlite();
     let (store, mut appends) = WatchedStore::new(db.store().await, 0);
     let log = batched_log(store.clone(), 10, Duration::from_secs(3600));
