@@ -141,6 +141,14 @@ impl Fixture {
             .unwrap()
     }
 
+    /// The one Redis key of this test whose name ends with `suffix` (`":run"`, ...).
+    fn redis_key(&self, connection: &mut redis::Connection, suffix: &str) -> String {
+        self.redis_keys(connection)
+            .into_iter()
+            .find(|k| k.ends_with(suffix))
+            .unwrap()
+    }
+
     /// With Redis: every key the limiter left behind expires by itself.
     fn assert_all_keys_expire(&self) {
         let Some(mut connection) = self.redis_connection() else {
@@ -826,11 +834,7 @@ async fn a_reservation_left_without_its_slot_set_is_set_aside(fx: Fixture) {
     let lost = running(crashed.admit(1, &limits, &each, "lost").await);
     drop(crashed);
     let mut redis = fx.redis_connection().unwrap();
-    let run = fx
-        .redis_keys(&mut redis)
-        .into_iter()
-        .find(|k| k.ends_with(":run"))
-        .unwrap();
+    let run = fx.redis_key(&mut redis, ":run");
     // Nothing touches the key until its slot set has expired (the fault simulated).
     let gone = timeout(Duration::from_secs(5), async {
         while redis::cmd("EXISTS")
@@ -891,11 +895,7 @@ async fn reservations_without_their_bookkeeping_are_counted(fx: Fixture) {
     let a = running(limiter.admit(1, &limits, &each, "a").await);
     let b = running(limiter.admit(1, &limits, &each, "b").await);
     let mut redis = fx.redis_connection().unwrap();
-    let grants = fx
-        .redis_keys(&mut redis)
-        .into_iter()
-        .find(|k| k.ends_with(":grants"))
-        .unwrap();
+    let grants = fx.redis_key(&mut redis, ":grants");
     let bookkeeping: Vec<String> = redis::cmd("HKEYS")
         .arg(&grants)
         .query::<Vec<String>>(&mut redis)
