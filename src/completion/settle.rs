@@ -7,14 +7,11 @@
 //! `finish` is idempotent per lease, so an attempt that did take effect unseen is not
 //! counted twice.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::admission::{Grant, Limiter};
 use crate::backoff::Backoff;
@@ -126,7 +123,8 @@ impl Settlement {
     /// the usage queued for the ledger.
     pub async fn finish(mut self) {
         if let Some(settling) = self.settle() {
-            settling.await;
+            // A failed settlement task has logged its error.
+            let _ = settling.await;
         }
     }
 
@@ -142,12 +140,11 @@ impl Settlement {
         }
     }
 
-    /// Settles (idempotent): the returned future resolves once the slot is released and
+    /// Settles (idempotent) on a tracked task, so that it completes even when the
+    /// request's own future is gone. The handle resolves once the slot is released and
     /// the usage row queued for the ledger (or the release handed to the background
-    /// retry); `None` when already settled. It runs in the task that awaits it, and
-    /// whatever of it is left when it is dropped unfinished (the request's own future
-    /// gone) goes on as a tracked task, so a settlement always completes.
-    pub fn settle(&mut self) -> Option<Settling> {
+    /// retry); `None` when already settled.
+    pub fn settle(&mut self) -> Option<JoinHandle<()>> {
         if std::mem::replace(&mut self.settled, true) {
             return None;
         }
@@ -161,8 +158,7 @@ impl Settlement {
         let limiter: Arc<dyn Limiter> = state.limiter_handle();
         let (key, lease, grant) = (self.key, self.lease.clone(), self.grant.clone());
         let usage_id = self.usage_id.take().unwrap_or_else(|| lease.clone());
-        let tasks = self.state.tasks().clone();
-        Some(Settling::new(tasks, async move {
+        Some(self.state.tasks().spawn(async move {
             let row = UsageRow {
                 key_id: key,
                 request_id: usage_id,
@@ -179,43 +175,6 @@ impl Settlement {
                     .spawn(settle_until_confirmed(limiter, key, lease, grant, row));
             }
         }))
-    }
-}
-
-/// A settlement under way, run by whoever polls it; dropped unfinished, the rest runs
-/// on a tracked task. (Spawning every settlement cost each request a task and, with an
-/// idle second worker, a cross-thread wake-up on its path.)
-pub struct Settling {
-    work: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
-    tasks: TaskTracker,
-}
-
-impl Settling {
-    fn new(tasks: TaskTracker, work: impl Future<Output = ()> + Send + 'static) -> Self {
-        Self {
-            work: Some(Box::pin(work)),
-            tasks,
-        }
-    }
-}
-
-impl Future for Settling {
-    type Output = ();
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if let Some(work) = self.work.as_mut() {
-            ready!(work.as_mut().poll(cx));
-            self.work = None;
-        }
-        Poll::Ready(())
-    }
-}
-
-impl Drop for Settling {
-    fn drop(&mut self) {
-        if let Some(work) = self.work.take() {
-            self.tasks.spawn(work);
-        }
     }
 }
 
