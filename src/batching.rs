@@ -35,12 +35,13 @@ pub trait Sink<R>: Send + 'static {
 pub struct Batching {
     pub batch_rows: usize,
     pub max_delay: Duration,
-    /// Notified after a [`Message::Flush`] is sent: the batch is due at once.
+    /// Notified when the batch is due at once: a full batch waits ([`row_queued`]), or
+    /// a [`Message::Flush`] was sent.
     pub due: Arc<Notify>,
 }
 
 /// To be called after a row was queued on `queue`: makes the batch due once a full one
-/// waits.
+/// waits. (The channel must hold at least `batch_rows`; both writers' hold far more.)
 pub fn row_queued<R>(queue: &mpsc::Sender<Message<R>>, batch_rows: usize, due: &Notify) {
     if queue.max_capacity() - queue.capacity() >= batch_rows {
         due.notify_one();
@@ -68,7 +69,7 @@ pub async fn run<R: Send + 'static, S: Sink<R>>(
         };
         handle(&mut sink, &mut batch, batch_rows, first).await;
         if batch.is_empty() {
-            continue; // a flush, answered
+            continue; // a flush, answered (or a one-row batch, written)
         }
         // Collecting: the rows that follow wait in the channel until the batch is due.
         tokio::select! {

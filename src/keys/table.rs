@@ -15,9 +15,10 @@
 //!   signal) and is answered from the table as that pull left it. That pull started
 //!   after the request asked, so a key committed before then is found; a flood of
 //!   unknown keys, at any rate, costs the store nothing beyond the follow loop's own
-//!   reads, and each unknown key is refused at most [`FOLLOW_EVERY`] plus one pull
-//!   later. The table's size stays the number of keys (nothing is remembered of a
-//!   prefix that matched none).
+//!   reads. An unknown key is refused once that pull ends: normally within
+//!   [`FOLLOW_EVERY`] plus one read of the feed, at most [`MISS_WAIT`] (a slow pull
+//!   under way, then the next). The table's size stays the number of keys (nothing is
+//!   remembered of a prefix that matched none).
 //! - **Store outages**: hits are answered from memory; a miss that sees a pull fail (an
 //!   error, or no answer within [`PULL_TIMEOUT`]), or no pull end within
 //!   [`MISS_WAIT`], gets [`StoreError`], for the caller to refuse as unavailable rather
@@ -150,13 +151,13 @@ impl KeyTable {
         let mut listen_again = Instant::now();
         loop {
             if signals.is_none() && Instant::now() >= listen_again {
-                let Some(listening) = stop
-                    .run_until_cancelled(self.store.key_change_signals())
-                    .await
-                else {
+                // Bounded: misses wait on this loop's pulls, which a store slow to
+                // give a listening connection must not hold up.
+                let listen = tokio::time::timeout(PULL_TIMEOUT, self.store.key_change_signals());
+                let Some(listening) = stop.run_until_cancelled(listen).await else {
                     return;
                 };
-                signals = listening;
+                signals = listening.ok().flatten();
                 listen_again = Instant::now() + LISTEN_AGAIN_AFTER;
             }
             let signal = async {

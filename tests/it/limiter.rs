@@ -894,29 +894,39 @@ async fn reservations_without_their_bookkeeping_are_counted(fx: Fixture) {
     let limiter = fx.limiter();
     let a = running(limiter.admit(1, &limits, &each, "a").await);
     let b = running(limiter.admit(1, &limits, &each, "b").await);
+    let c = running(limiter.admit(1, &limits, &each, "c").await);
     let mut redis = fx.redis_connection().unwrap();
     let grants = fx.redis_key(&mut redis, ":grants");
-    let bookkeeping: Vec<String> = redis::cmd("HKEYS")
-        .arg(&grants)
-        .query::<Vec<String>>(&mut redis)
-        .unwrap()
-        .into_iter()
-        .filter(|f| f.starts_with('#'))
-        .collect();
+    let bookkeeping = |redis: &mut redis::Connection| -> Vec<String> {
+        redis::cmd("HKEYS")
+            .arg(&grants)
+            .query::<Vec<String>>(redis)
+            .unwrap()
+            .into_iter()
+            .filter(|f| f.starts_with('#'))
+            .collect()
+    };
+    let kept = bookkeeping(&mut redis);
     assert!(
-        !bookkeeping.is_empty(),
+        !kept.is_empty(),
         "bookkeeping is kept beside the reservations"
     );
     redis::cmd("HDEL")
         .arg(&grants)
-        .arg(&bookkeeping)
+        .arg(&kept)
         .query::<i64>(&mut redis)
         .unwrap();
+    // A finish where it is missing leaves it missing (counting from 0 beside
+    // reservations it never saw would make a wrong sum look kept)...
+    limiter.finish(1, "a", &a, 50).await.unwrap();
+    assert_eq!(bookkeeping(&mut redis), Vec::<String>::new());
+    // ... and the next look counts every reservation anew.
     let both = Usage {
-        used: 0,
-        reserved: a.reserved + b.reserved,
+        used: 50,
+        reserved: b.reserved + c.reserved,
     };
     assert_eq!(limiter.usage(1, a.month).await.unwrap(), both);
+    assert!(!bookkeeping(&mut redis).is_empty(), "written anew");
     // Wrong rather than missing: a sum of 0 beside a count that does not match the slots.
     redis::cmd("HSET")
         .arg(&grants)
@@ -927,14 +937,14 @@ async fn reservations_without_their_bookkeeping_are_counted(fx: Fixture) {
         .query::<i64>(&mut redis)
         .unwrap();
     assert_eq!(limiter.usage(1, a.month).await.unwrap(), both);
-    // From there on it is kept: a third start fits what is left, a finish settles once.
-    let c = running(limiter.admit(1, &limits, &each, "c").await);
-    limiter.finish(1, "a", &a, 50).await.unwrap();
+    // From there on it is kept: a fourth start fits what is left, a finish settles once.
+    let d = running(limiter.admit(1, &limits, &each, "d").await);
+    limiter.finish(1, "b", &b, 20).await.unwrap();
     assert_eq!(
         limiter.usage(1, a.month).await.unwrap(),
         Usage {
-            used: 50,
-            reserved: b.reserved + c.reserved
+            used: 70,
+            reserved: c.reserved + d.reserved
         }
     );
 }

@@ -8,7 +8,11 @@
 --                '#running', '#lapsed' -> how many of each there are, and
 --                '#sum:'..month -> their reserved tokens in that month: kept with every
 --                change, so that a month's reservations are summed without reading
---                them all (see reserved_in)
+--                them all (see reserved_in). Only a full count (recount) or a start
+--                right after reserved_in creates them; every other change touches them
+--                only where '#running' is there, so bookkeeping that went missing (or
+--                that an older version moved aside) stays missing until recounted,
+--                rather than starting again from 0 beside reservations it never saw.
 --   queue   ZSET lease -> ticket               waiting leases, in arrival order
 --   qexp    ZSET lease -> expiry (µs)          when each queue place lapses
 --   used    STRING                             used tokens of the key in one month
@@ -58,7 +62,11 @@ end
 
 -- The bookkeeping of one reservation `value` ("YYYY-MM reserved[ lapsed_at]") going:
 -- one fewer of `counter` ('#running' or '#lapsed'), its tokens off its month's sum.
-local function uncount(grants, value, counter)
+-- Only where the bookkeeping is kept (`kept`: '#running' is there).
+local function uncount(grants, value, counter, kept)
+  if not kept then
+    return
+  end
   local month, reserved = string.match(value, '^(%S+) (%d+)')
   redis.call('HINCRBY', grants, counter, -1)
   if month then
@@ -66,8 +74,12 @@ local function uncount(grants, value, counter)
   end
 end
 
--- A running reservation set aside as lapsed: same tokens, another counter.
-local function count_as_lapsed(grants)
+-- A running reservation set aside as lapsed: same tokens, another counter (where the
+-- bookkeeping is kept: `kept`).
+local function count_as_lapsed(grants, kept)
+  if not kept then
+    return
+  end
   redis.call('HINCRBY', grants, '#running', -1)
   redis.call('HINCRBY', grants, '#lapsed', 1)
 end
@@ -79,11 +91,12 @@ local function purge(run, grants, queue, qexp, now)
   local n = 0
   for _, lease in ipairs(redis.call('ZRANGEBYSCORE', run, '-inf', int(now))) do
     redis.call('ZREM', run, lease)
-    local grant = redis.call('HGET', grants, lease)
+    local found = redis.call('HMGET', grants, lease, '#running')
+    local grant = found[1]
     redis.call('HDEL', grants, lease)
     if grant then
       redis.call('HSET', grants, '~' .. lease, grant .. ' ' .. int(now))
-      count_as_lapsed(grants)
+      count_as_lapsed(grants, found[2])
       expire_no_sooner(grants, math.floor(now / 1000) + LAPSED_KEEP_US / 1000 + 1000)
     end
     n = n + 1

@@ -16,15 +16,15 @@ local changed = purge(run, grants, queue, qexp, now_us())
 -- The reservation is found under the lease (running; or its slot set expired whole
 -- while Redis stood still, before any purge could see it) or under '~'..lease (lapsed).
 redis.call('ZREM', run, lease)
-local found = redis.call('HMGET', grants, lease, '~' .. lease)
+local found = redis.call('HMGET', grants, lease, '~' .. lease, '#running')
 local settled = 0
 if found[1] or found[2] then
   redis.call('HDEL', grants, lease, '~' .. lease)
   if found[1] then
-    uncount(grants, found[1], '#running')
+    uncount(grants, found[1], '#running', found[3])
   end
   if found[2] then
-    uncount(grants, found[2], '#lapsed')
+    uncount(grants, found[2], '#lapsed', found[3])
   end
   settled = 1
 end

@@ -20,13 +20,16 @@ elseif redis.call('HEXISTS', grants, lease) == 1 then
   redis.call('ZADD', run, until_, lease)
   found = 1
 else
-  local lapsed = redis.call('HGET', grants, '~' .. lease)
+  local found = redis.call('HMGET', grants, '~' .. lease, '#running')
+  local lapsed = found[1]
   if lapsed then
     local month, reserved = string.match(lapsed, '^(%S+) (%d+)')
     redis.call('HDEL', grants, '~' .. lease)
     redis.call('HSET', grants, lease, month .. ' ' .. reserved)
-    redis.call('HINCRBY', grants, '#lapsed', -1)
-    redis.call('HINCRBY', grants, '#running', 1)
+    if found[2] then
+      redis.call('HINCRBY', grants, '#lapsed', -1)
+      redis.call('HINCRBY', grants, '#running', 1)
+    end
     redis.call('ZADD', run, until_, lease)
     found = 1
   end
