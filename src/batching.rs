@@ -8,8 +8,8 @@
 //!
 //! Only the first row of a batch wakes the writer: the rest wait in the channel until
 //! the batch is due and are taken then, so a request hands its row over without waking
-//! a task (a wake-up per row was a thread hop on every request's path). A full batch
-//! ([`row_queued`]) or a flush makes it due through [`Batching::due`].
+//! a task (a wake-up per row was a thread hop on every request's path). A full batch or
+//! a flush makes it due at once: the sending side ([`Queue`]) says so.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -31,30 +31,85 @@ pub trait Sink<R>: Send + 'static {
 }
 
 /// When a batch is written.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub struct Batching {
     pub batch_rows: usize,
     pub max_delay: Duration,
-    /// Notified when the batch is due at once: a full batch waits ([`row_queued`]), or
-    /// a [`Message::Flush`] was sent.
-    pub due: Arc<Notify>,
 }
 
-/// To be called after a row was queued on `queue`: makes the batch due once a full one
-/// waits. (The channel must hold at least `batch_rows`; both writers' hold far more.)
-pub fn row_queued<R>(queue: &mpsc::Sender<Message<R>>, batch_rows: usize, due: &Notify) {
-    if queue.max_capacity() - queue.capacity() >= batch_rows {
-        due.notify_one();
+/// The sending side: rows in, flushes asked for. Cheap to clone.
+pub struct Queue<R> {
+    tx: mpsc::Sender<Message<R>>,
+    /// Notified when the batch is due at once: a full batch waits, or a flush was sent.
+    due: Arc<Notify>,
+    batch_rows: usize,
+}
+
+impl<R> Clone for Queue<R> {
+    fn clone(&self) -> Self {
+        Self {
+            tx: self.tx.clone(),
+            due: Arc::clone(&self.due),
+            batch_rows: self.batch_rows,
+        }
+    }
+}
+
+/// The writer's side, for [`run`].
+pub struct Inbox<R> {
+    rx: mpsc::Receiver<Message<R>>,
+    due: Arc<Notify>,
+    batching: Batching,
+}
+
+/// A queue of at most `capacity` rows (at least 1) and the writer's side of it.
+pub fn channel<R>(capacity: usize, batching: Batching) -> (Queue<R>, Inbox<R>) {
+    let capacity = capacity.max(1);
+    let (tx, rx) = mpsc::channel(capacity);
+    let due = Arc::new(Notify::new());
+    let queue = Queue {
+        tx,
+        due: Arc::clone(&due),
+        // A full queue is due too, when it holds less than a batch.
+        batch_rows: batching.batch_rows.clamp(1, capacity),
+    };
+    (queue, Inbox { rx, due, batching })
+}
+
+impl<R> Queue<R> {
+    /// Queues a row without waiting; it comes back in the error when the queue is full
+    /// or closed.
+    pub fn try_row(&self, row: R) -> Result<(), mpsc::error::TrySendError<Message<R>>> {
+        self.tx.try_send(Message::Row(row))?;
+        if self.tx.max_capacity() - self.tx.capacity() >= self.batch_rows {
+            self.due.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Resolves once every row queued before the call has been handed to the sink, or
+    /// at once when the writer has stopped. Waits for room in the queue.
+    pub async fn flush(&self) {
+        let (done, written) = oneshot::channel();
+        if self.tx.send(Message::Flush(done)).await.is_ok() {
+            self.due.notify_one();
+            // An error means the writer stopped (it answers every flush it takes).
+            let _ = written.await;
+        }
     }
 }
 
 /// Runs the writer until `stop` or until every sender is gone; see the module notes.
 pub async fn run<R: Send + 'static, S: Sink<R>>(
     mut sink: S,
-    mut rx: mpsc::Receiver<Message<R>>,
+    inbox: Inbox<R>,
     stop: CancellationToken,
-    batching: Batching,
 ) {
+    let Inbox {
+        mut rx,
+        due,
+        batching,
+    } = inbox;
     let batch_rows = batching.batch_rows.max(1);
     let mut batch = Vec::with_capacity(batch_rows);
     loop {
@@ -75,7 +130,7 @@ pub async fn run<R: Send + 'static, S: Sink<R>>(
         tokio::select! {
             biased;
             () = stop.cancelled() => break,
-            () = batching.due.notified() => {}
+            () = due.notified() => {}
             () = tokio::time::sleep(batching.max_delay) => {}
         }
         while let Ok(message) = rx.try_recv() {

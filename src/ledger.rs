@@ -23,12 +23,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
-use crate::batching::{self, Batching, Message, Sink};
+use crate::batching::{self, Batching, Message, Queue, Sink};
 use crate::store::{Store, StoreError, UsageRow};
 
 /// After the close deadline, how long the writer gets to stop before it is aborted.
@@ -87,7 +87,7 @@ type Listener = Arc<OnceLock<Arc<dyn Committed>>>;
 pub struct Ledger(Arc<Shared>);
 
 struct Shared {
-    queue: mpsc::Sender<Message<UsageRow>>,
+    queue: Queue<UsageRow>,
     counters: Arc<Counters>,
     backlog_limit: usize,
     stop: CancellationToken,
@@ -95,9 +95,6 @@ struct Shared {
     give_up: CancellationToken,
     writer: tokio::sync::Mutex<Option<JoinHandle<()>>>,
     listener: Listener,
-    /// Makes the writer's batch due at once (a full batch waits, or a flush).
-    due: Arc<Notify>,
-    batch_rows: usize,
 }
 
 #[derive(Default)]
@@ -114,9 +111,14 @@ impl Ledger {
     }
 
     pub fn start_with(store: Arc<dyn Store>, config: LedgerConfig) -> Self {
+        let batching = Batching {
+            batch_rows: config.batch_rows,
+            max_delay: config.max_delay,
+        };
         // Twice the backlog limit: requests admitted before the limit was reached
         // still settle into it; beyond that `record` counts a row as lost.
-        let (queue, rx) = mpsc::channel(config.backlog_limit.max(1).saturating_mul(2));
+        let (queue, inbox) =
+            batching::channel(config.backlog_limit.max(1).saturating_mul(2), batching);
         let counters = Arc::new(Counters::default());
         let stop = CancellationToken::new();
         let give_up = CancellationToken::new();
@@ -128,16 +130,8 @@ impl Ledger {
             give_up: give_up.clone(),
             listener: Arc::clone(&listener),
         };
-        let due = Arc::new(Notify::new());
-        let batching = Batching {
-            batch_rows: config.batch_rows,
-            max_delay: config.max_delay,
-            due: Arc::clone(&due),
-        };
-        let handle = tokio::spawn(batching::run(writer, rx, stop.clone(), batching));
+        let handle = tokio::spawn(batching::run(writer, inbox, stop.clone()));
         Self(Arc::new(Shared {
-            due,
-            batch_rows: config.batch_rows.max(1),
             queue,
             counters,
             backlog_limit: config.backlog_limit,
@@ -158,11 +152,7 @@ impl Ledger {
     pub fn record(&self, row: UsageRow) {
         let counters = &self.0.counters;
         counters.pending.fetch_add(1, Ordering::AcqRel);
-        let queued = self.0.queue.try_send(Message::Row(row));
-        if queued.is_ok() {
-            batching::row_queued(&self.0.queue, self.0.batch_rows, &self.0.due);
-        }
-        if let Err(err) = queued {
+        if let Err(err) = self.0.queue.try_row(row) {
             counters.pending.fetch_sub(1, Ordering::AcqRel);
             counters.lost.fetch_add(1, Ordering::Relaxed);
             let row = match err {
@@ -193,11 +183,7 @@ impl Ledger {
     /// Resolves once every row recorded before the call has been committed (waiting
     /// for as long as the store is away), or at once when the ledger is closed.
     pub async fn flush(&self) {
-        let (done, written) = oneshot::channel();
-        if self.0.queue.send(Message::Flush(done)).await.is_ok() {
-            self.0.due.notify_one();
-            let _ = written.await;
-        }
+        self.0.queue.flush().await;
     }
 
     /// Stops the ledger: no more rows are taken and everything queued is committed,

@@ -33,12 +33,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
-use crate::batching::{self, Batching, Message, Sink};
+use crate::batching::{self, Batching, Queue, Sink};
 use crate::store::{RequestLogRow, Store, StoreError};
 
 /// Tuning of the writer; [`Default`] is what the gateway uses.
@@ -82,7 +82,7 @@ pub struct RequestLogStats {
 /// A handle on the request log: cheap to clone, shared by every request.
 #[derive(Clone)]
 pub struct RequestLog {
-    queue: mpsc::Sender<Message<RequestLogRow>>,
+    queue: Queue<RequestLogRow>,
     shared: Arc<Shared>,
 }
 
@@ -105,9 +105,6 @@ struct Shared {
     started: Instant,
     /// Milliseconds after `started` of the last warning, plus one (0: never warned).
     last_warning_ms: AtomicU64,
-    /// Makes the writer's batch due at once (a full batch waits, or a flush).
-    due: Arc<Notify>,
-    batch_rows: usize,
 }
 
 #[derive(Default)]
@@ -136,22 +133,19 @@ impl RequestLog {
 
     /// Starts the writer with these settings (values below 1 are taken as 1).
     pub fn start_with(store: Arc<dyn Store>, config: RequestLogConfig) -> Self {
-        let (queue, rx) = mpsc::channel(config.capacity.max(1));
-        let counters = Arc::new(Counters::default());
-        let stop = CancellationToken::new();
-        let due = Arc::new(Notify::new());
-        let batching_rows = config.batch_rows.max(1);
         let batching = Batching {
             batch_rows: config.batch_rows,
             max_delay: config.max_delay,
-            due: Arc::clone(&due),
         };
+        let (queue, inbox) = batching::channel(config.capacity, batching);
+        let counters = Arc::new(Counters::default());
+        let stop = CancellationToken::new();
         let writer = Writer {
             store,
             config,
             counters: counters.clone(),
         };
-        let handle = tokio::spawn(batching::run(writer, rx, stop.clone(), batching));
+        let handle = tokio::spawn(batching::run(writer, inbox, stop.clone()));
         Self {
             queue,
             shared: Arc::new(Shared {
@@ -160,8 +154,6 @@ impl RequestLog {
                 writer: tokio::sync::Mutex::new(Some(handle)),
                 started: Instant::now(),
                 last_warning_ms: AtomicU64::new(0),
-                due,
-                batch_rows: batching_rows,
             }),
         }
     }
@@ -170,8 +162,8 @@ impl RequestLog {
     /// room in the queue. When the queue is full or the log closed, the row is dropped and
     /// counted in [`RequestLogStats::dropped`].
     pub fn record(&self, row: RequestLogRow) {
-        match self.queue.try_send(Message::Row(row)) {
-            Ok(()) => batching::row_queued(&self.queue, self.shared.batch_rows, &self.shared.due),
+        match self.queue.try_row(row) {
+            Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(_)) => self.dropped("the queue is full"),
             Err(mpsc::error::TrySendError::Closed(_)) => self.dropped("the log is closed"),
         }
@@ -182,12 +174,7 @@ impl RequestLog {
     /// when the log is closed. Waits for room in the queue, so do not call it on the
     /// request path.
     pub async fn flush(&self) {
-        let (done, written) = oneshot::channel();
-        if self.queue.send(Message::Flush(done)).await.is_ok() {
-            self.shared.due.notify_one();
-            // An error means the writer stopped (it answers every flush it takes).
-            let _ = written.await;
-        }
+        self.queue.flush().await;
     }
 
     /// Stops the log: no more rows are taken, everything queued is written, and the

@@ -74,14 +74,14 @@ local function uncount(grants, value, counter, kept)
   end
 end
 
--- A running reservation set aside as lapsed: same tokens, another counter (where the
--- bookkeeping is kept: `kept`).
-local function count_as_lapsed(grants, kept)
+-- A reservation moved between running and lapsed: same tokens, one fewer of counter
+-- `from` and one more of `to` (where the bookkeeping is kept: `kept`).
+local function count_moved(grants, from, to, kept)
   if not kept then
     return
   end
-  redis.call('HINCRBY', grants, '#running', -1)
-  redis.call('HINCRBY', grants, '#lapsed', 1)
+  redis.call('HINCRBY', grants, from, -1)
+  redis.call('HINCRBY', grants, to, 1)
 end
 
 -- Removes running slots and queue places whose lease lapsed; a lapsed slot's
@@ -96,7 +96,7 @@ local function purge(run, grants, queue, qexp, now)
     redis.call('HDEL', grants, lease)
     if grant then
       redis.call('HSET', grants, '~' .. lease, grant .. ' ' .. int(now))
-      count_as_lapsed(grants, found[2])
+      count_moved(grants, '#running', '#lapsed', found[2])
       expire_no_sooner(grants, math.floor(now / 1000) + LAPSED_KEEP_US / 1000 + 1000)
     end
     n = n + 1

@@ -26,10 +26,7 @@ else
     local month, reserved = string.match(lapsed, '^(%S+) (%d+)')
     redis.call('HDEL', grants, '~' .. lease)
     redis.call('HSET', grants, lease, month .. ' ' .. reserved)
-    if found[2] then
-      redis.call('HINCRBY', grants, '#lapsed', -1)
-      redis.call('HINCRBY', grants, '#running', 1)
-    end
+    count_moved(grants, '#lapsed', '#running', found[2])
     redis.call('ZADD', run, until_, lease)
     found = 1
   end
