@@ -24,8 +24,8 @@
 //! for Redis Cluster.
 //!
 //! Wake-ups go over the pub/sub channel `P:wake` (payload: the key id), published when a
-//! slot or queue place frees; each limiter holds one subscription and wakes its local
-//! waiters of that key.
+//! slot or queue place frees while somebody waits in the key's queue; each limiter holds
+//! one subscription and wakes its local waiters of that key.
 //!
 //! # Leases
 //!
@@ -51,9 +51,20 @@
 //! when it shows something to look at: lapsed reservations (to drop in time), or a
 //! count of running ones that differs from the running slots (a slot set that expired
 //! whole, or bookkeeping missing or wrong).
-//! The lease sets themselves expire 1 s after their last lease (`grants` two minutes
-//! after), the rate key when it no longer limits, and the used counters
-//! [`COUNTER_TTL_PAST_MONTH`] after their month ends.
+//! The lease sets themselves expire no sooner than 1 s after their last lease (`grants`
+//! two minutes after), the rate key when it no longer limits, and the used counters
+//! [`COUNTER_TTL_PAST_MONTH`] after their month ends. An expiry that must move is moved
+//! 10 s further than it must, so a busy key's is written about once every 10 s rather
+//! than with every admission.
+//!
+//! # Cost
+//!
+//! An admission and its settlement each run one script; on the common path (nobody
+//! queued, limits not reached) they make 12 and 9 calls inside Redis, which cost about
+//! 2.5 µs each on a small VM whatever the command: the scripts read only what they
+//! decide on, write the bookkeeping in one `HSET`, look for lapsed queue places and
+//! publish wake-ups only while somebody waits, and settle without the clock when nobody
+//! does.
 //!
 //! # Failures
 //!
@@ -449,6 +460,7 @@ impl RedisLimiter {
             .key(self.counter_key(key, grant.month))
             .arg(lease)
             .arg(used_tokens.min(LUA_MAX))
+            .arg(grant.month.to_string())
             .arg(&self.channel)
             .arg(&k.id);
         if let Some(row) = row {

@@ -819,8 +819,8 @@ async fn leases_of_a_crashed_replica_expire(fx: Fixture) {
     healthy.finish(1, "behind", &behind, 1).await.unwrap();
 }
 
-/// A crashed replica's slot set can expire whole (1 s after its last lease) before any
-/// script purges it, leaving the reservation without its slot. The next look at the
+/// A crashed replica's slot set can expire whole (seconds after its last lease) before
+/// any script purges it, leaving the reservation without its slot. The next look at the
 /// key sets it aside as lapsed — still counted, and dropped after the lapse window —
 /// rather than counting it for as long as the key stays busy.
 async fn a_reservation_left_without_its_slot_set_is_set_aside(fx: Fixture) {
@@ -835,7 +835,16 @@ async fn a_reservation_left_without_its_slot_set_is_set_aside(fx: Fixture) {
     drop(crashed);
     let mut redis = fx.redis_connection().unwrap();
     let run = fx.redis_key(&mut redis, ":run");
-    // Nothing touches the key until its slot set has expired (the fault simulated).
+    // Nothing touches the key until its slot set has expired: the fault simulated, with
+    // the expiry brought forward to now (it lets the set outlive its last lease).
+    let ttl: i64 = redis::cmd("PTTL").arg(&run).query(&mut redis).unwrap();
+    assert!(ttl > 100, "the slot set outlives its lease: PTTL {ttl}");
+    let expired: i64 = redis::cmd("PEXPIRE")
+        .arg(&run)
+        .arg(1)
+        .query(&mut redis)
+        .unwrap();
+    assert_eq!(expired, 1);
     let gone = timeout(Duration::from_secs(5), async {
         while redis::cmd("EXISTS")
             .arg(&run)

@@ -19,9 +19,8 @@ if not used_tokens then
 end
 
 local now = now_us()
-if purge(run, grants, queue, qexp, now) > 0 then
-  redis.call('PUBLISH', channel, key_id)
-end
+local purged, waiting = purge(run, grants, queue, qexp, now)
+announce(channel, key_id, purged, waiting)
 
 -- GCRA: a burst of `rpm` starts, then one every 60 s / rpm. rpm 0: a start not counted
 -- against the rate (a job's run, whose submission was).
@@ -37,10 +36,12 @@ if rpm > 0 then
   redis.call('SET', rate, int(next_tat), 'PX', int(math.ceil((next_tat - now) / 1000) + 1000))
 end
 
-local waiting = redis.call('ZCARD', queue)
-if waiting == 0 and redis.call('ZCARD', run) < max_concurrent then
-  return start(run, grants, tonumber(used_tokens), lease, month, budget, prompt, fan_out,
-               max_tokens, now, ttl_us)
+if waiting == 0 then
+  local slots = redis.call('ZCARD', run)
+  if slots < max_concurrent then
+    return start(run, grants, tonumber(used_tokens), lease, month, budget, prompt, fan_out,
+                 max_tokens, now, ttl_us, slots)
+  end
 end
 if waiting >= max_queued then
   return {QUEUE_FULL}
@@ -50,7 +51,8 @@ local ticket = 1
 if last[2] then
   ticket = tonumber(last[2]) + 1
 end
+local until_us = now + queue_ttl_us
 redis.call('ZADD', queue, int(ticket), lease)
-redis.call('ZADD', qexp, int(now + queue_ttl_us), lease)
-tidy(qexp, queue, 1000)
+redis.call('ZADD', qexp, int(until_us), lease)
+tidy(qexp, queue, until_us, 0)
 return {QUEUED}

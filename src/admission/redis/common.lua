@@ -47,8 +47,14 @@ local function int(x)
   return string.format('%.0f', x)
 end
 
--- Lets `key` expire at `at_ms` (Unix ms) unless it is already set to live longer.
--- (Compared here rather than with PEXPIREAT's GT flag, which needs Redis 7.)
+-- How much longer than it must a key is let live when its expiry is pushed on: a busy
+-- key's expiry is then written about once per EXPIRY_SLACK_MS, not with every change
+-- (PTTL alone costs one call, PTTL and PEXPIREAT two). An idle key is gone that much later.
+local EXPIRY_SLACK_MS = 10000
+
+-- Lets `key` expire no sooner than `at_ms` (Unix ms). Never brings an expiry forward, so
+-- a key outlives everything that was ever promised it. (Compared here rather than with
+-- PEXPIREAT's GT flag, which needs Redis 7.)
 local function expire_no_sooner(key, at_ms)
   local ttl = redis.call('PTTL', key)
   if ttl == -2 then
@@ -56,21 +62,7 @@ local function expire_no_sooner(key, at_ms)
   end
   local now_ms = math.floor(now_us() / 1000)
   if ttl == -1 or now_ms + ttl < at_ms then
-    redis.call('PEXPIREAT', key, int(at_ms))
-  end
-end
-
--- The bookkeeping of one reservation `value` ("YYYY-MM reserved[ lapsed_at]") going:
--- one fewer of `counter` ('#running' or '#lapsed'), its tokens off its month's sum.
--- Only where the bookkeeping is kept (`kept`: '#running' is there).
-local function uncount(grants, value, counter, kept)
-  if not kept then
-    return
-  end
-  local month, reserved = string.match(value, '^(%S+) (%d+)')
-  redis.call('HINCRBY', grants, counter, -1)
-  if month then
-    redis.call('HINCRBY', grants, '#sum:' .. month, -tonumber(reserved))
+    redis.call('PEXPIREAT', key, int(at_ms + EXPIRY_SLACK_MS))
   end
 end
 
@@ -85,8 +77,9 @@ local function count_moved(grants, from, to, kept)
 end
 
 -- Removes running slots and queue places whose lease lapsed; a lapsed slot's
--- reservation is kept aside as '~'..lease (see LAPSED_KEEP_US). Returns how many it
--- removed.
+-- reservation is kept aside as '~'..lease (see LAPSED_KEEP_US). The queue's lapsed
+-- places are looked for only when somebody waits. Returns how many it removed and how
+-- many wait in the queue now.
 local function purge(run, grants, queue, qexp, now)
   local n = 0
   for _, lease in ipairs(redis.call('ZRANGEBYSCORE', run, '-inf', int(now))) do
@@ -101,35 +94,45 @@ local function purge(run, grants, queue, qexp, now)
     end
     n = n + 1
   end
-  for _, lease in ipairs(redis.call('ZRANGEBYSCORE', qexp, '-inf', int(now))) do
-    redis.call('ZREM', qexp, lease)
-    redis.call('ZREM', queue, lease)
-    n = n + 1
+  local waiting = redis.call('ZCARD', queue)
+  if waiting > 0 then
+    for _, lease in ipairs(redis.call('ZRANGEBYSCORE', qexp, '-inf', int(now))) do
+      redis.call('ZREM', qexp, lease)
+      waiting = waiting - redis.call('ZREM', queue, lease)
+      n = n + 1
+    end
   end
-  return n
+  return n, waiting
 end
 
--- Lets a lease set and its companion vanish after their last lease lapses (the set 1 s
--- after, the companion `keep_ms` after), so an idle key leaves nothing behind.
-local function tidy(expiries, companion, keep_ms)
-  local last = redis.call('ZRANGE', expiries, -1, -1, 'WITHSCORES')
-  if last[2] then
-    local at = math.floor(tonumber(last[2]) / 1000)
-    redis.call('PEXPIREAT', expiries, int(at + 1000))
-    expire_no_sooner(companion, at + keep_ms)
+-- Wakes the key's waiters on every replica (they check their turn) after `changed`
+-- slots or queue places went; only when somebody waits, since nobody else listens.
+local function announce(channel, key_id, changed, waiting)
+  if changed > 0 and waiting > 0 then
+    redis.call('PUBLISH', channel, key_id)
   end
+end
+
+-- Lets the lease set `expiries` and its companion outlive a lease that runs until
+-- `until_us`: the set by 1 s, the companion by `keep_ms` more; so an idle key leaves
+-- nothing behind.
+local function tidy(expiries, companion, until_us, keep_ms)
+  local at = math.floor(until_us / 1000) + 1000
+  expire_no_sooner(expiries, at)
+  expire_no_sooner(companion, at + keep_ms)
 end
 
 -- tidy for the running slots: the grants outlive them by LAPSED_KEEP_US.
-local function tidy_run(run, grants)
-  tidy(run, grants, LAPSED_KEEP_US / 1000 + 1000)
+local function tidy_run(run, grants, until_us)
+  tidy(run, grants, until_us, LAPSED_KEEP_US / 1000)
 end
 
 -- Reads every reservation: drops lapsed ones kept long enough; sets aside as lapsed now
 -- a running one whose slot is gone without a purge having seen it (the slot set expired
 -- whole while Redis stood still), so that it too is dropped once kept long enough; and
 -- writes the bookkeeping anew from what is left (which also mends bookkeeping that is
--- missing, as for reservations made before it was kept). Returns `month`'s sum.
+-- missing, as for reservations made before it was kept). Returns `month`'s sum and how
+-- many reservations are running.
 local function recount(run, grants, month, now)
   local running_set = {}
   for _, lease in ipairs(redis.call('ZRANGE', run, 0, -1)) do
@@ -176,26 +179,27 @@ local function recount(run, grants, month, now)
     end
     redis.call('HSET', grants, unpack(fields))
   end
-  return sums[month] or 0
+  return sums[month] or 0, running
 end
 
--- Tokens reserved against `month` by running slots and by lapsed ones still kept: the
--- kept sum, when the bookkeeping shows nothing that needs a look (no lapsed reservation
--- to drop in time, and a reservation for each running slot); else counted anew.
-local function reserved_in(run, grants, month, now)
+-- Tokens reserved against `month` by running slots and by lapsed ones still kept, and how
+-- many reservations are running: as kept, when the bookkeeping shows nothing that needs
+-- a look (no lapsed reservation to drop in time, and a reservation for each of the
+-- `slots` running slots); else counted anew.
+local function reserved_in(run, grants, month, now, slots)
   local kept = redis.call('HMGET', grants, '#running', '#lapsed', '#sum:' .. month)
-  if kept[1] and tonumber(kept[2] or 0) == 0
-      and tonumber(kept[1]) == redis.call('ZCARD', run) then
-    return tonumber(kept[3] or 0)
+  if kept[1] and tonumber(kept[2] or 0) == 0 and tonumber(kept[1]) == slots then
+    return tonumber(kept[3] or 0), slots
   end
   return recount(run, grants, month, now)
 end
 
 -- Reserves the budget and takes a running slot, or refuses on the budget (changing
--- nothing). `used`: the month's counter, which the caller has read (it exists).
+-- nothing). `used`: the month's counter, which the caller has read (it exists);
+-- `slots`: how many slots are running (ZCARD run, which the caller has read).
 local function start(run, grants, used, lease, month, budget, prompt, fan_out,
-                     max_tokens, now, ttl_us)
-  local reserved = reserved_in(run, grants, month, now)
+                     max_tokens, now, ttl_us, slots)
+  local reserved, running = reserved_in(run, grants, month, now, slots)
   local available = math.max(budget - used - reserved, 0)
   local fit = 0
   if available >= prompt then
@@ -205,10 +209,11 @@ local function start(run, grants, used, lease, month, budget, prompt, fan_out,
     return {BUDGET, used, reserved, prompt + fan_out}
   end
   local hold = prompt + fan_out * fit
-  redis.call('ZADD', run, int(now + ttl_us), lease)
-  redis.call('HSET', grants, lease, month .. ' ' .. int(hold))
-  redis.call('HINCRBY', grants, '#running', 1)
-  redis.call('HINCRBY', grants, '#sum:' .. month, hold)
-  tidy_run(run, grants)
+  local until_us = now + ttl_us
+  redis.call('ZADD', run, int(until_us), lease)
+  -- The bookkeeping as reserved_in just read (or wrote) it, with this reservation.
+  redis.call('HSET', grants, lease, month .. ' ' .. int(hold), '#running', running + 1,
+             '#sum:' .. month, int(reserved + hold))
+  tidy_run(run, grants, until_us)
   return {RUNNING, fit, hold}
 end

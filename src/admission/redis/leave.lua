@@ -4,10 +4,8 @@
 local run, grants, queue, qexp = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local lease, channel, key_id = ARGV[1], ARGV[2], ARGV[3]
 
-local changed = purge(run, grants, queue, qexp, now_us())
-changed = changed + redis.call('ZREM', queue, lease)
+local changed, waiting = purge(run, grants, queue, qexp, now_us())
+local left = redis.call('ZREM', queue, lease)
 redis.call('ZREM', qexp, lease)
-if changed > 0 then
-  redis.call('PUBLISH', channel, key_id)
-end
+announce(channel, key_id, changed + left, waiting - left)
 return {DONE}

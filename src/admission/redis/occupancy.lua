@@ -4,7 +4,6 @@
 local run, grants, queue, qexp = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local channel, key_id = ARGV[1], ARGV[2]
 
-if purge(run, grants, queue, qexp, now_us()) > 0 then
-  redis.call('PUBLISH', channel, key_id)
-end
-return {DONE, redis.call('ZCARD', run), redis.call('ZCARD', queue)}
+local purged, waiting = purge(run, grants, queue, qexp, now_us())
+announce(channel, key_id, purged, waiting)
+return {DONE, redis.call('ZCARD', run), waiting}

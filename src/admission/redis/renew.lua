@@ -7,10 +7,9 @@ local run, grants, queue, qexp = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local lease, ttl_us, channel, key_id = ARGV[1], tonumber(ARGV[2]) * 1000, ARGV[3], ARGV[4]
 
 local now = now_us()
-if purge(run, grants, queue, qexp, now) > 0 then
-  redis.call('PUBLISH', channel, key_id)
-end
-local until_ = int(now + ttl_us)
+announce(channel, key_id, purge(run, grants, queue, qexp, now))
+local until_us = now + ttl_us
+local until_ = int(until_us)
 local found = 0
 if redis.call('ZSCORE', run, lease) then
   redis.call('ZADD', run, 'XX', until_, lease)
@@ -31,5 +30,5 @@ else
     found = 1
   end
 end
-tidy_run(run, grants)
+tidy_run(run, grants, until_us)
 return {DONE, found}

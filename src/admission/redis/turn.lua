@@ -12,21 +12,24 @@ local lease, month, ttl_us = ARGV[6], ARGV[7], tonumber(ARGV[8]) * 1000
 local channel, key_id, queue_ttl_us = ARGV[9], ARGV[10], tonumber(ARGV[11]) * 1000
 
 local now = now_us()
-if purge(run, grants, queue, qexp, now) > 0 then
-  redis.call('PUBLISH', channel, key_id)
-end
+local purged, waiting = purge(run, grants, queue, qexp, now)
+announce(channel, key_id, purged, waiting)
 
 local expiry = redis.call('ZSCORE', qexp, lease)
 if not expiry then
   return {GONE}
 end
 if tonumber(expiry) - now < queue_ttl_us / 2 then
-  redis.call('ZADD', qexp, int(now + queue_ttl_us), lease)
-  tidy(qexp, queue, 1000)
+  local until_us = now + queue_ttl_us
+  redis.call('ZADD', qexp, int(until_us), lease)
+  tidy(qexp, queue, until_us, 0)
 end
 
-if redis.call('ZRANGE', queue, 0, 0)[1] ~= lease
-    or redis.call('ZCARD', run) >= max_concurrent then
+if redis.call('ZRANGE', queue, 0, 0)[1] ~= lease then
+  return {WAIT}
+end
+local slots = redis.call('ZCARD', run)
+if slots >= max_concurrent then
   return {WAIT}
 end
 local used_tokens = redis.call('GET', used)
@@ -37,7 +40,7 @@ end
 redis.call('ZREM', queue, lease)
 redis.call('ZREM', qexp, lease)
 local reply = start(run, grants, tonumber(used_tokens), lease, month, budget, prompt, fan_out,
-                   max_tokens, now, ttl_us)
+                   max_tokens, now, ttl_us, slots)
 -- The next in line is first now (and may start too).
-redis.call('PUBLISH', channel, key_id)
+announce(channel, key_id, 1, waiting - 1)
 return reply

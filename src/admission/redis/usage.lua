@@ -5,11 +5,10 @@ local run, grants, queue, qexp, used = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[
 local month, channel, key_id = ARGV[1], ARGV[2], ARGV[3]
 
 local now = now_us()
-if purge(run, grants, queue, qexp, now) > 0 then
-  redis.call('PUBLISH', channel, key_id)
-end
+announce(channel, key_id, purge(run, grants, queue, qexp, now))
 local count = redis.call('GET', used)
 if not count then
   return {SEED}
 end
-return {DONE, tonumber(count), reserved_in(run, grants, month, now)}
+local reserved = reserved_in(run, grants, month, now, redis.call('ZCARD', run))
+return {DONE, tonumber(count), reserved}
