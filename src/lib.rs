@@ -14,6 +14,7 @@ pub mod http;
 pub mod jobs;
 pub mod keys;
 pub mod ledger;
+mod log_fields;
 mod log_writer;
 pub mod metrics;
 pub mod models;
