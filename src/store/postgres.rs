@@ -92,6 +92,44 @@ impl_store!(PostgresStore, sqlx::Postgres {
         Some(Box::pin(signals))
     }
 
+    async fn record_usages(&self, rows: &[UsageRow]) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        // As the request log: one statement (atomic by itself, prepared once whatever
+        // the batch's size), the columns as arrays. Every row checked first: all or none.
+        let n = rows.len();
+        let (mut key_id, mut request_id, mut month) =
+            (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut prompt_tokens, mut completion_tokens, mut created_at) =
+            (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+        for row in rows {
+            let counts = UsageColumns::encode(row)?;
+            key_id.push(row.key_id);
+            request_id.push(row.request_id.as_str());
+            month.push(row.month.as_str());
+            prompt_tokens.push(counts.prompt_tokens);
+            completion_tokens.push(counts.completion_tokens);
+            created_at.push(row.created_at);
+        }
+        sqlx::query(concat!(
+            "INSERT INTO usage_ledger ",
+            "(key_id, request_id, month, prompt_tokens, completion_tokens, created_at) ",
+            "SELECT * FROM UNNEST($1::BIGINT[], $2::TEXT[], $3::TEXT[], $4::BIGINT[], ",
+            "$5::BIGINT[], $6::BIGINT[]) ",
+            "ON CONFLICT (request_id) DO NOTHING"
+        ))
+        .bind(key_id)
+        .bind(request_id)
+        .bind(month)
+        .bind(prompt_tokens)
+        .bind(completion_tokens)
+        .bind(created_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
     async fn append_request_log(&self, rows: &[RequestLogRow]) -> Result<(), StoreError> {
         if rows.is_empty() {
             return Ok(());

@@ -1,12 +1,9 @@
 //! The [`Store`](super::Store) methods both backends run with the same SQL and binds,
 //! written once.
 
-/// Rows per multi-row `INSERT`: 64 rows of at most 14 columns stay far below SQLite's
-/// (32,766) and PostgreSQL's (65,535) limits on bound parameters.
-pub(super) const ROWS_PER_INSERT: usize = 64;
-
 /// `impl Store for $store { … }` (`$db` its sqlx database): the shared methods, run on `self.pool`, plus the
-/// backend's own methods (`append_request_log`) passed in the braces.
+/// backend's own methods (`record_usages`, `append_request_log`: each writes batches its
+/// database's fastest way) passed in the braces.
 ///
 /// A macro rather than generic functions because the SQL and binds are the same for
 /// both backends but the pool types are not, and sqlx's bounds for "any database that
@@ -18,26 +15,6 @@ pub(super) const ROWS_PER_INSERT: usize = 64;
 /// argument N) and `CAST(… AS …)` rather than PostgreSQL's `::`.
 macro_rules! impl_store {
     ($store:ty, $db:ty { $($own:item)* }) => {
-        /// `INSERT INTO usage_ledger … VALUES (…), (…) …` for checked rows: one statement
-        /// for many rows costs a fraction of one statement per row.
-        fn usage_insert(rows: &[(&UsageRow, UsageColumns)]) -> sqlx::QueryBuilder<$db> {
-            let mut insert = sqlx::QueryBuilder::new(
-                "INSERT INTO usage_ledger \
-                 (key_id, request_id, month, prompt_tokens, completion_tokens, created_at) ",
-            );
-            insert.push_values(rows, |mut values, (row, counts)| {
-                values
-                    .push_bind(row.key_id)
-                    .push_bind(row.request_id.as_str())
-                    .push_bind(row.month.as_str())
-                    .push_bind(counts.prompt_tokens)
-                    .push_bind(counts.completion_tokens)
-                    .push_bind(row.created_at);
-            });
-            insert.push(" ON CONFLICT (request_id) DO NOTHING");
-            insert
-        }
-
         /// ` AND created_at_ms >= since AND created_at_ms < until`, for the bounds given.
         fn push_time_range(
             select: &mut sqlx::QueryBuilder<$db>,
@@ -194,28 +171,6 @@ macro_rules! impl_store {
                 .bind(prefix)
                 .fetch_optional(&self.pool)
                 .await?)
-            }
-
-            async fn record_usages(&self, rows: &[UsageRow]) -> Result<(), StoreError> {
-                // Every row checked before anything is written: all or none.
-                let rows = rows
-                    .iter()
-                    .map(|row| Ok((row, UsageColumns::encode(row)?)))
-                    .collect::<Result<Vec<_>, StoreError>>()?;
-                let chunks = rows.chunks(super::shared::ROWS_PER_INSERT);
-                if rows.len() <= super::shared::ROWS_PER_INSERT {
-                    // One statement is atomic by itself: no BEGIN/COMMIT round trips.
-                    for chunk in chunks {
-                        usage_insert(chunk).build().execute(&self.pool).await?;
-                    }
-                    return Ok(());
-                }
-                let mut tx = self.pool.begin().await?;
-                for chunk in chunks {
-                    usage_insert(chunk).build().execute(&mut *tx).await?;
-                }
-                tx.commit().await?;
-                Ok(())
             }
 
             async fn month_usage(&self, key_id: i64, month: &str) -> Result<u64, StoreError> {

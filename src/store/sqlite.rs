@@ -161,15 +161,79 @@ fn is_busy(err: &sqlx::Error) -> bool {
 
 impl_workbench_store!(SqliteStore, sqlx::Sqlite);
 
+/// Most rows in one `INSERT`: 64 rows of at most 14 columns stay far below SQLite's limit
+/// on bound parameters (32,766). A power of two (see [`insert_chunks`]).
+const ROWS_PER_INSERT: usize = 64;
+const _: () = assert!(ROWS_PER_INSERT.is_power_of_two());
+
+/// Splits a batch into multi-row `INSERT`s of 64, 32, 16 … 1 rows (largest first).
+///
+/// Why not the batch's own size: every size is another statement, and preparing a 64-row
+/// `INSERT` of 14 columns costs SQLite ~370,000 instructions. With sizes from seven, each
+/// table's inserts stay in every connection's statement cache (100 statements), so a
+/// batch binds and steps statements already prepared; with a size per batch (1 to 64)
+/// they did not fit and were prepared again and again.
+fn insert_chunks<T>(mut rows: &[T]) -> impl Iterator<Item = &[T]> {
+    std::iter::from_fn(move || {
+        let size = ROWS_PER_INSERT.min(1 << rows.len().checked_ilog2()?);
+        let (chunk, rest) = rows.split_at(size);
+        rows = rest;
+        Some(chunk)
+    })
+}
+
+/// `INSERT INTO usage_ledger … VALUES (…), (…) …` for checked rows: one statement for
+/// many rows costs a fraction of one statement per row.
+fn usage_insert(rows: &[(&UsageRow, UsageColumns)]) -> sqlx::QueryBuilder<sqlx::Sqlite> {
+    let mut insert = sqlx::QueryBuilder::new(
+        "INSERT INTO usage_ledger \
+         (key_id, request_id, month, prompt_tokens, completion_tokens, created_at) ",
+    );
+    insert.push_values(rows, |mut values, (row, counts)| {
+        values
+            .push_bind(row.key_id)
+            .push_bind(row.request_id.as_str())
+            .push_bind(row.month.as_str())
+            .push_bind(counts.prompt_tokens)
+            .push_bind(counts.completion_tokens)
+            .push_bind(row.created_at);
+    });
+    insert.push(" ON CONFLICT (request_id) DO NOTHING");
+    insert
+}
+
 impl_store!(SqliteStore, sqlx::Sqlite {
+    async fn record_usages(&self, rows: &[UsageRow]) -> Result<(), StoreError> {
+        // Every row checked before anything is written: all or none.
+        let rows = rows
+            .iter()
+            .map(|row| Ok((row, UsageColumns::encode(row)?)))
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let chunks: Vec<_> = insert_chunks(&rows).collect();
+        match chunks[..] {
+            [] => return Ok(()),
+            [chunk] => {
+                // One statement is atomic by itself: no BEGIN/COMMIT.
+                usage_insert(chunk).build().execute(&self.pool).await?;
+                return Ok(());
+            }
+            _ => {}
+        }
+        let mut tx = self.pool.begin().await?;
+        for chunk in chunks {
+            usage_insert(chunk).build().execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
     async fn append_request_log(&self, rows: &[RequestLogRow]) -> Result<(), StoreError> {
         if rows.is_empty() {
             return Ok(());
         }
-        // Multi-row INSERTs in one transaction: a statement per 64 rows, the commit the
-        // only sync.
+        // Multi-row INSERTs in one transaction, the commit the only sync.
         let mut tx = self.pool.begin().await?;
-        for chunk in rows.chunks(super::shared::ROWS_PER_INSERT) {
+        for chunk in insert_chunks(rows) {
             let mut insert = sqlx::QueryBuilder::<sqlx::Sqlite>::new(concat!(
                 "INSERT INTO request_log (",
                 request_log_columns!(),
@@ -205,7 +269,32 @@ impl_job_store!(SqliteStore, sqlx::Sqlite, "", "" {});
 
 #[cfg(test)]
 mod tests {
-    use super::is_memory;
+    use std::collections::BTreeSet;
+
+    use super::{ROWS_PER_INSERT, insert_chunks, is_memory};
+
+    /// Every batch size from 0 to 300 is written whole and in order, largest statements
+    /// first, with statements of seven sizes in all (so they stay prepared).
+    #[test]
+    fn batches_split_into_few_statement_sizes() {
+        let mut sizes = BTreeSet::new();
+        for n in 0..=300 {
+            let rows: Vec<usize> = (0..n).collect();
+            let chunks: Vec<&[usize]> = insert_chunks(&rows).collect();
+            assert_eq!(chunks.concat(), rows, "batch of {n}");
+            let lens: Vec<usize> = chunks.iter().map(|c| c.len()).collect();
+            assert!(lens.is_sorted_by(|a, b| a >= b), "batch of {n}: {lens:?}");
+            assert!(
+                lens.len() <= n / ROWS_PER_INSERT + 6,
+                "batch of {n}: {lens:?}"
+            );
+            sizes.extend(lens);
+        }
+        assert_eq!(
+            sizes.into_iter().collect::<Vec<_>>(),
+            [1, 2, 4, 8, 16, 32, 64]
+        );
+    }
 
     #[test]
     fn memory_urls() {

@@ -126,6 +126,7 @@ backend_tests! {
         usage_sums_by_key_and_month,
         usage_is_idempotent,
         usage_refuses_bad_rows,
+        usage_batches_are_all_or_none,
         request_log_round_trip,
         request_log_filters_and_spend_by_day,
         request_log_writer_close_writes_everything,
@@ -945,6 +946,45 @@ async fn usage_refuses_bad_rows(store: Arc<dyn Store>) {
         .await
         .unwrap();
     assert_eq!(store.month_usage(a, "2026-04").await.unwrap(), 2);
+}
+
+/// A batch as the ledger writer sends it — of any size, so over several statements
+/// where the backend splits it — is written whole or not at all, and once.
+async fn usage_batches_are_all_or_none(store: Arc<dyn Store>) {
+    let a = store
+        .create_key("a", None, &keys::generate(), DEFAULTS)
+        .await
+        .unwrap()
+        .id;
+    let batch = |from: usize, n: usize| -> Vec<UsageRow> {
+        (from..from + n)
+            .map(|i| usage(a, &format!("req_{i}"), "2026-04", i as u64, 1))
+            .collect()
+    };
+    let tokens = |rows: &[UsageRow]| -> u64 { rows.iter().map(|r| r.prompt_tokens + 1).sum() };
+    // 1 + 100 + 7 rows, and the 100 again (a retry after an unclear commit).
+    let (one, hundred, seven) = (batch(0, 1), batch(1, 100), batch(101, 7));
+    for rows in [&one, &hundred, &seven, &hundred] {
+        store.record_usages(rows).await.unwrap();
+    }
+    let written = tokens(&one) + tokens(&hundred) + tokens(&seven);
+    assert_eq!(store.month_usage(a, "2026-04").await.unwrap(), written);
+
+    // A row the database refuses (an unknown key) last in a batch of 100: none of the 99
+    // before it is kept, and their ids are still free.
+    let mut refused = batch(200, 99);
+    refused.push(usage(a + 100, "req_unknown_key", "2026-04", 1, 1));
+    assert!(matches!(
+        store.record_usages(&refused).await,
+        Err(StoreError::Database(_))
+    ));
+    assert_eq!(store.month_usage(a, "2026-04").await.unwrap(), written);
+    store.record_usages(&refused[..99]).await.unwrap();
+    assert_eq!(
+        store.month_usage(a, "2026-04").await.unwrap(),
+        written + tokens(&refused[..99])
+    );
+    store.record_usages(&[]).await.unwrap();
 }
 
 fn log_row(request_id: &str, created_at_ms: i64) -> RequestLogRow {
