@@ -61,6 +61,11 @@ impl<T> HeadErrors<T> {
             replacing: None,
         }
     }
+
+    /// The connection's IO, once hyper is done with it.
+    pub(super) fn into_inner(self) -> T {
+        self.io
+    }
 }
 
 /// An envelope response being written in place of hyper's answer.

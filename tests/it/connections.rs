@@ -408,3 +408,122 @@ async fn answers_on_a_keep_alive_connection_are_untouched_until_a_malformed_head
     assert_eq!(refusals(&gw, "malformed_head").await, 1.0);
     assert!(gw.upstream_completions().is_empty());
 }
+
+/// The statuses of the whole responses (each with its `Content-Length` body) at the
+/// start of `bytes`, in order, and what is left after them.
+fn statuses(mut bytes: &[u8]) -> (Vec<u16>, usize) {
+    let mut found = Vec::new();
+    while whole_response(bytes) {
+        let split = bytes.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        let head = Raw::parse(&bytes[..split]);
+        let length: usize = head.header("content-length").unwrap().parse().unwrap();
+        found.push(head.status);
+        bytes = &bytes[split + length..];
+    }
+    (found, bytes.len())
+}
+
+/// Every HTTP/1 request is served by a hyper connection of its own (an idle keep-alive
+/// connection then holds no buffers), which a client must not be able to tell: requests
+/// sent in one write (pipelined) are each answered, in order, on a connection that stays
+/// open without saying so; `Connection: close`, or HTTP/1.0 without `keep-alive`, closes
+/// it after the answer; HTTP/1.0 with `keep-alive` keeps it.
+#[tokio::test]
+async fn keep_alive_pipelining_and_close_work_as_http_1_says() {
+    let gw = gateway(100).await;
+    let mut stream = connect(&gw).await;
+    let health = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    stream.write_all(health.repeat(3).as_bytes()).await.unwrap();
+    let mut received = Vec::new();
+    let read = tokio::time::timeout(LIMIT, async {
+        let mut buf = [0u8; 4096];
+        while statuses(&received).0.len() < 3 {
+            let n = stream.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed after {:?}", statuses(&received));
+            received.extend_from_slice(&buf[..n]);
+        }
+    });
+    read.await.expect("three answers");
+    assert_eq!(statuses(&received), (vec![200, 200, 200], 0));
+    let first = Raw::parse(&received);
+    assert_eq!(
+        first.header("connection"),
+        None,
+        "kept alive without a word"
+    );
+
+    // Still open: one more, asking to close.
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let last = read_until_closed(&mut stream).await;
+    assert_eq!(statuses(&last), (vec![200], 0));
+
+    let mut old = connect(&gw).await;
+    old.write_all(b"GET /health HTTP/1.0\r\n\r\n")
+        .await
+        .unwrap();
+    let answered = read_until_closed(&mut old).await;
+    assert!(answered.starts_with(b"HTTP/1.0 200"), "{answered:?}");
+
+    let mut old_kept = connect(&gw).await;
+    for _ in 0..2 {
+        old_kept
+            .write_all(b"GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+            .await
+            .unwrap();
+        let answer = Raw::parse(&read_response(&mut old_kept).await);
+        assert_eq!(answer.status, 200);
+        assert_eq!(answer.header("connection"), Some("keep-alive"));
+    }
+}
+
+/// A request whose body the gateway never reads (no route takes it) is answered and its
+/// connection closed: the body's bytes are never read as the next request's head, even
+/// when they look like one and come after the answer.
+#[tokio::test]
+async fn an_unread_body_is_never_taken_for_the_next_request() {
+    let gw = gateway(100).await;
+    let mut stream = connect(&gw).await;
+    let hidden = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    let head = format!(
+        "POST /no-such-path HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+        hidden.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let answered = read_response(&mut stream).await;
+    assert_eq!(statuses(&answered), (vec![404], 0));
+    // The body, once the answer is out: the connection is closed, or closes unanswered.
+    let _ = stream.write_all(hidden.as_bytes()).await;
+    let after = read_until_closed(&mut stream).await;
+    assert!(after.is_empty(), "{:?}", String::from_utf8_lossy(&after));
+}
+
+/// HTTP/2 with prior knowledge (told by its connection preface) is served too: several
+/// requests multiplexed on one connection, a completion among them, each answered.
+#[tokio::test]
+async fn http2_with_prior_knowledge_is_served() {
+    let gw = gateway(100).await;
+    let client = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let health = (0..3).map(|_| client.get(format!("{}/health", gw.url)).send());
+    for answer in futures_util::future::join_all(health).await {
+        let answer = answer.unwrap();
+        assert_eq!(answer.version(), reqwest::Version::HTTP_2);
+        assert_eq!(answer.status(), 200);
+    }
+    let completion = client
+        .post(format!("{}/v1/completions", gw.url))
+        .bearer_auth(&gw.key)
+        .json(&serde_json::json!({"model": "llama-8b", "prompt": "Hi", "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(completion.version(), reqwest::Version::HTTP_2);
+    assert_eq!(completion.status(), 200);
+    let body: serde_json::Value = completion.json().await.unwrap();
+    assert_eq!(body["usage"]["completion_tokens"], 2, "{body}");
+}
