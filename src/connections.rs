@@ -17,9 +17,9 @@
 //! 431 and a stream reset for a header list over the limit, a reset or GOAWAY with no
 //! response for a malformed one.
 //!
-//! Each HTTP/1 request is served by a hyper connection of its own, so that an idle
-//! keep-alive connection holds no more than its socket and a waiting task
-//! (`client.rs`).
+//! An HTTP/1 connection quiet for a moment after its last answer is handed back by hyper,
+//! so that an idle keep-alive connection holds no more than its socket and a waiting
+//! task (`client.rs`).
 //!
 //! Each refusal is counted in `fleetgate_connection_refusals_total` and logged: one line
 //! a second with the counts while there are any, so that a flood of them cannot flood
@@ -73,6 +73,7 @@ pub async fn serve(
     let serving = Arc::new(Serving::new(
         head_due,
         Arc::clone(&refusals),
+        metrics.clone(),
         stopping.clone(),
     ));
     // Not the application's tracked tasks: shutdown waits for these below.

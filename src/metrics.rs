@@ -184,6 +184,7 @@ struct Inner {
     admission_queued: Gauge,
     admission_refusals: Family<ReasonLabels, Counter>,
     open_connections: Gauge,
+    idle_connections: Gauge,
     connection_refusals: Family<ReasonLabels, Counter>,
     ledger_pending: Gauge,
     ledger_lost: Gauge,
@@ -352,6 +353,12 @@ impl Metrics {
             "Client connections open now (at most connections.max_open)",
             open_connections.clone(),
         );
+        let idle_connections = Gauge::default();
+        registry.register(
+            "idle_connections",
+            "HTTP/1 client connections open and waiting for a request, handed back by the protocol library (they hold no buffers)",
+            idle_connections.clone(),
+        );
         let ledger_pending = Gauge::default();
         registry.register(
             "ledger_pending_rows",
@@ -433,6 +440,7 @@ impl Metrics {
             admission_queued,
             admission_refusals,
             open_connections,
+            idle_connections,
             connection_refusals,
             ledger_pending,
             ledger_lost,
@@ -599,6 +607,11 @@ impl Metrics {
     /// Counts a client connection as open while the guard lives.
     pub fn connection_open(&self) -> GaugeGuard {
         GaugeGuard::new(self.0.open_connections.clone())
+    }
+
+    /// Counts a connection as idle (see `connections/client.rs`) while the guard lives.
+    pub fn connection_idle(&self) -> GaugeGuard {
+        GaugeGuard::new(self.0.idle_connections.clone())
     }
 
     pub fn connection_refused(&self, reason: ConnectionRefusal) {

@@ -3,22 +3,24 @@
 //! Its first bytes tell the protocol: HTTP/2's connection preface, or HTTP/1.
 //!
 //! - **HTTP/2** is served by one hyper connection for the connection's life.
-//! - **HTTP/1** is served by one hyper connection *per request*, told to end once its
-//!   response is out and taken apart ([`Exchange`]); the next request on the socket gets
-//!   a new one. Between requests the connection is only its socket and a
-//!   waiting task: hyper's HTTP/1 connection keeps a read and a write buffer for as long
-//!   as it lives (about 30 kB per connection once it has served a request), which made
-//!   10,000 idle keep-alive clients cost 370 MB. Bytes read past a response (a
-//!   pipelined request) are handed to the next exchange, and a connection whose request
-//!   body was not read to its end is closed rather than read on.
+//! - **HTTP/1** is served by a hyper connection (keep-alive on) for as long as the client
+//!   keeps it busy. Once it has been quiet for [`QUIET_AFTER`] after an answer, it is
+//!   told to end and taken apart ([`Exchanges`]), and the socket waits for the next
+//!   request holding no buffer; that request gets a new hyper connection. hyper's HTTP/1
+//!   connection keeps a read and a write buffer for as long as it lives (about 30 kB once
+//!   it has served a request), which made 10,000 idle keep-alive clients cost 370 MB.
+//!   Bytes hyper read past its last answer (a pipelined request) go to the next one; a
+//!   connection whose last request body was not read to its end, or that hyper ended
+//!   itself (the client closed or asked to), is closed.
 //!
-//! Deadlines are those of one hyper connection with a header timer: from the accept, or
-//! from the end of the last response, the next request head is due within
-//! `header_read_timeout_ms` (an idle keep-alive connection is closed then too).
+//! Deadlines: a request head must begin within `header_read_timeout_ms` of the accept
+//! or of the previous answer (an idle keep-alive connection is closed then), and a head
+//! that has begun must be whole within `header_read_timeout_ms` (hyper's header timer).
 
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use hyper::server::conn::{http1, http2};
@@ -28,11 +30,17 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
-use super::exchange::{Exchange, ExchangeService, Routed};
+use super::exchange::{ExchangeService, Exchanges, Routed};
 use super::head_errors::{HeadErrors, MAX_HEAD_BYTES};
 use super::prefixed::Prefixed;
 use super::refusals::{Refusals, refusal};
-use crate::metrics::ConnectionRefusal;
+use crate::metrics::{ConnectionRefusal, Metrics};
+
+/// How long an HTTP/1 connection stays with hyper after its last answer. Clients that
+/// send their next request sooner (load, batch jobs, pipelines) keep one hyper connection
+/// for as long as they keep it busy; a connection quiet this long hands its socket back
+/// and waits holding no buffers (a hyper connection costs ~30 kB of them).
+const QUIET_AFTER: Duration = Duration::from_millis(250);
 
 /// The first bytes of every HTTP/2 connection with prior knowledge (RFC 9113 3.4).
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -42,20 +50,25 @@ pub(super) struct Serving {
     pub(super) http1: http1::Builder,
     pub(super) http2: http2::Builder<TokioExecutor>,
     /// `connections.header_read_timeout_ms`.
-    pub(super) head_due: std::time::Duration,
+    pub(super) head_due: Duration,
     pub(super) refusals: Arc<Refusals>,
+    metrics: Metrics,
     /// Cancelled at shutdown: idle connections close, busy ones after their response.
     pub(super) stopping: CancellationToken,
 }
 
 impl Serving {
     pub(super) fn new(
-        head_due: std::time::Duration,
+        head_due: Duration,
         refusals: Arc<Refusals>,
+        metrics: Metrics,
         stopping: CancellationToken,
     ) -> Self {
         let mut http1 = http1::Builder::new();
-        http1.timer(TokioTimer::new()).max_buf_size(MAX_HEAD_BYTES);
+        http1
+            .timer(TokioTimer::new())
+            .header_read_timeout(head_due)
+            .max_buf_size(MAX_HEAD_BYTES);
         let mut http2 = http2::Builder::new(TokioExecutor::new());
         // HTTP/2 counts each header's name and value plus 32 bytes (RFC 9113 6.5.2).
         http2
@@ -66,6 +79,7 @@ impl Serving {
             http2,
             head_due,
             refusals,
+            metrics,
             stopping,
         }
     }
@@ -116,7 +130,8 @@ impl Serving {
         self.note_end(ended);
     }
 
-    /// One exchange after another, each on a hyper connection of its own.
+    /// hyper connections one after another, each for as long as the client keeps it busy;
+    /// `head_due`: when the next request head must have begun, once one is awaited.
     async fn serve_http1(
         &self,
         mut tcp: TcpStream,
@@ -133,32 +148,42 @@ impl Serving {
             {
                 return;
             }
-            let exchange = Arc::new(Exchange::default());
+            let exchanges = Arc::new(Exchanges::default());
             let service = ExchangeService {
                 routed: routed.clone(),
-                exchange: Arc::clone(&exchange),
+                exchanges: Arc::clone(&exchanges),
             };
-            let mut http1 = self.http1.clone();
-            http1.header_read_timeout(head_due.saturating_duration_since(Instant::now()));
             let io = TokioIo::new(HeadErrors::new(Prefixed::new(unread, tcp)));
-            let mut connection = http1.serve_connection(io, service);
+            let mut connection = self.http1.serve_connection(io, service);
+            let quiet_check = tokio::time::sleep(QUIET_AFTER);
+            tokio::pin!(quiet_check);
+            let mut events = exchanges.events();
+            let mut quieted = false;
             let mut ending = false;
             let ended = loop {
                 tokio::select! {
                     ended = std::future::poll_fn(|cx| connection.poll_without_shutdown(cx)) => {
                         break ended;
                     }
-                    // The answer is out: the connection ends (hyper would otherwise wait
-                    // on it for the next request, with its buffers) and gives the socket
-                    // back. Its head was written while keep-alive was still on.
-                    () = exchange.answered(), if !ending => {
-                        ending = true;
-                        Pin::new(&mut connection).graceful_shutdown();
+                    // Nothing begun or answered for QUIET_AFTER: the connection ends and
+                    // gives the socket back, rather than wait for the next request with
+                    // its buffers. (Keep-alive was on when its answers' heads went out,
+                    // and nothing is under way: ending it adds no `Connection: close`.)
+                    () = quiet_check.as_mut(), if !ending => {
+                        let now = exchanges.events();
+                        if now == events && exchanges.quiet() {
+                            ending = true;
+                            quieted = true;
+                            Pin::new(&mut connection).graceful_shutdown();
+                        } else {
+                            events = now;
+                            quiet_check.as_mut().reset(Instant::now() + QUIET_AFTER);
+                        }
                     }
                     // A request under way is answered (with `Connection: close`), then
                     // the connection closes; one not begun closes now.
                     () = stopping.as_mut(), if !ending => {
-                        if !exchange.started() {
+                        if exchanges.begun() == 0 {
                             return;
                         }
                         ending = true;
@@ -172,7 +197,9 @@ impl Serving {
             let parts = connection.into_parts();
             let (rest, socket) = parts.io.into_inner().into_inner().into_parts();
             tcp = socket;
-            if !exchange.reusable() || self.stopping.is_cancelled() {
+            // Only a connection ended for quiet goes on: hyper ended any other because
+            // the client closed or asked to, or the server is stopping.
+            if !quieted || !exchanges.reusable() || self.stopping.is_cancelled() {
                 let _ = tcp.shutdown().await;
                 return;
             }
@@ -184,7 +211,8 @@ impl Serving {
             } else {
                 [parts.read_buf, rest].concat().into()
             };
-            head_due = Instant::now() + self.head_due;
+            // It has been quiet for QUIET_AFTER since the answer already.
+            head_due = Instant::now() + self.head_due.saturating_sub(QUIET_AFTER);
         }
     }
 
@@ -197,6 +225,7 @@ impl Serving {
         head_due: Instant,
         stopping: Pin<&mut WaitForCancellationFuture<'_>>,
     ) -> bool {
+        let _idle = self.metrics.connection_idle();
         tokio::select! {
             ready = tokio::time::timeout_at(head_due, tcp.readable()) => match ready {
                 Ok(Ok(())) => true,

@@ -1,15 +1,15 @@
-//! One HTTP/1 request and its response, served by a hyper connection of its own (see
-//! `client.rs`): when its answer is out (the connection is then told to end, so that
-//! hyper hands the socket back), and whether the client connection may carry another
-//! request: the client wants it kept alive, and the request's body was read to its end
-//! (bytes of a body left unread must never be taken for the next request's head).
+//! The requests one hyper HTTP/1 connection serves (see `client.rs`): whether it is
+//! quiet (every request it began has its answer's head out), whether anything happened
+//! since a given moment, and whether the client connection may carry another request
+//! once hyper gives it back: the last request asked to keep it, and its body was read
+//! to its end (bytes of a body left unread must never be taken for a request's head).
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
 use axum::Router;
@@ -19,7 +19,6 @@ use axum::http::{Request, Response, Version, header};
 use bytes::Bytes;
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::service::TowerToHyperService;
-use tokio::sync::Notify;
 use tower_http::add_extension::AddExtension;
 
 /// The router, with the client's address in every request's extensions.
@@ -29,44 +28,52 @@ pub(super) fn routed(router: Router, remote: SocketAddr) -> Routed {
     TowerToHyperService::new(AddExtension::new(router, ConnectInfo(remote)))
 }
 
-/// What one exchange on a connection showed.
+/// What the requests on one hyper connection showed.
 #[derive(Default)]
-pub(super) struct Exchange {
-    /// A request head arrived whole and went to the router.
-    started: AtomicBool,
-    /// The client asked to keep the connection (HTTP/1.1 without `Connection: close`).
+pub(super) struct Exchanges {
+    /// Requests whose head arrived whole and went to the router.
+    begun: AtomicU64,
+    /// Of those, how many have their answer handed to hyper (its head written at once).
+    answered: AtomicU64,
+    /// The last request asked to keep the connection.
     keep_alive: AtomicBool,
-    /// The request's body was read to its end (or it had none).
-    body_read: AtomicBool,
-    /// hyper is done with the response (it dropped the body: the head is written, and
-    /// the body too unless the connection failed).
-    answered: Notify,
+    /// The number of the last request whose body was read to its end (or had none).
+    body_read: AtomicU64,
 }
 
-impl Exchange {
-    pub(super) fn started(&self) -> bool {
-        self.started.load(Ordering::Acquire)
+impl Exchanges {
+    pub(super) fn begun(&self) -> u64 {
+        self.begun.load(Ordering::Acquire)
     }
 
-    /// Whether the connection may carry another request after this one.
+    /// Changes with every request begun and every answer.
+    pub(super) fn events(&self) -> u64 {
+        self.begun() + self.answered.load(Ordering::Acquire)
+    }
+
+    /// At least one request, and every one begun has its answer out.
+    pub(super) fn quiet(&self) -> bool {
+        let begun = self.begun();
+        begun > 0 && self.answered.load(Ordering::Acquire) == begun
+    }
+
+    /// Whether the connection may carry another request after the last one.
     pub(super) fn reusable(&self) -> bool {
-        self.started()
+        let begun = self.begun();
+        begun > 0
             && self.keep_alive.load(Ordering::Acquire)
-            && self.body_read.load(Ordering::Acquire)
+            && self.body_read.load(Ordering::Acquire) == begun
     }
 
-    /// Resolves once the response is out (at once if it already is).
-    pub(super) async fn answered(&self) {
-        self.answered.notified().await;
-    }
-
-    fn begin(&self, request: &Request<Incoming>) {
+    /// Notes a request: its number.
+    fn begin(&self, request: &Request<Incoming>) -> u64 {
         self.keep_alive
             .store(wants_keep_alive(request), Ordering::Release);
+        let number = self.begun.fetch_add(1, Ordering::AcqRel) + 1;
         if hyper::body::Body::is_end_stream(request.body()) {
-            self.body_read.store(true, Ordering::Release);
+            self.body_read.store(number, Ordering::Release);
         }
-        self.started.store(true, Ordering::Release);
+        number
     }
 }
 
@@ -89,11 +96,11 @@ fn wants_keep_alive(request: &Request<Incoming>) -> bool {
     }
 }
 
-/// The router as one exchange's hyper service: notes the request in [`Exchange`], and
-/// tracks its body and its response's.
+/// The router as one hyper connection's service: notes each request in [`Exchanges`],
+/// and tracks its body and when its answer is out.
 pub(super) struct ExchangeService {
     pub(super) routed: Routed,
-    pub(super) exchange: Arc<Exchange>,
+    pub(super) exchanges: Arc<Exchanges>,
 }
 
 impl hyper::service::Service<Request<Incoming>> for ExchangeService {
@@ -103,64 +110,38 @@ impl hyper::service::Service<Request<Incoming>> for ExchangeService {
     type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
-        self.exchange.begin(&request);
-        let exchange = Arc::clone(&self.exchange);
+        let number = self.exchanges.begin(&request);
+        let exchanges = Arc::clone(&self.exchanges);
         let request = request.map(|body| {
             Body::new(TrackedBody {
                 body,
-                exchange: Arc::clone(&exchange),
+                number,
+                exchanges: Arc::clone(&exchanges),
             })
         });
         let answer = hyper::service::Service::call(&self.routed, request);
         Box::pin(async move {
-            let response = answer.await?;
-            Ok(response.map(|body| Body::new(AnsweredBody { body, exchange })))
+            let response = answer.await;
+            exchanges.answered.fetch_add(1, Ordering::AcqRel);
+            response
         })
     }
 }
 
-/// A response body that tells its [`Exchange`] when hyper drops it.
-struct AnsweredBody {
-    body: Body,
-    exchange: Arc<Exchange>,
-}
-
-impl Drop for AnsweredBody {
-    fn drop(&mut self) {
-        self.exchange.answered.notify_one();
-    }
-}
-
-impl hyper::body::Body for AnsweredBody {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
-    }
-}
-
-/// A request body that notes in its [`Exchange`] when it has been read to its end.
+/// A request body that notes in [`Exchanges`] when it has been read to its end.
 struct TrackedBody {
     body: Incoming,
-    exchange: Arc<Exchange>,
+    /// Which request of the connection it is.
+    number: u64,
+    exchanges: Arc<Exchanges>,
 }
 
 impl TrackedBody {
     fn note_if_ended(&self) {
         if hyper::body::Body::is_end_stream(&self.body) {
-            self.exchange.body_read.store(true, Ordering::Release);
+            self.exchanges
+                .body_read
+                .store(self.number, Ordering::Release);
         }
     }
 }
@@ -175,7 +156,10 @@ impl hyper::body::Body for TrackedBody {
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let polled = Pin::new(&mut self.body).poll_frame(cx);
         match &polled {
-            Poll::Ready(None) => self.exchange.body_read.store(true, Ordering::Release),
+            Poll::Ready(None) => {
+                let number = self.number;
+                self.exchanges.body_read.store(number, Ordering::Release);
+            }
             Poll::Ready(Some(Ok(_))) => self.note_if_ended(),
             _ => {}
         }

@@ -527,3 +527,68 @@ async fn http2_with_prior_knowledge_is_served() {
     let body: serde_json::Value = completion.json().await.unwrap();
     assert_eq!(body["usage"]["completion_tokens"], 2, "{body}");
 }
+
+/// `fleetgate_idle_connections`, scraped on a connection of its own that is closed at
+/// once (so it never counts itself). Polls until it is `want`, within [`LIMIT`].
+async fn await_idle_connections(gw: &Gateway, want: f64) {
+    let scraper = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let text = scraper
+            .get(format!("{}/metrics", gw.url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let idle = parse_metrics(&text)
+            .iter()
+            .find(|s| s.name == "fleetgate_idle_connections")
+            .map_or(0.0, |s| s.value);
+        if idle == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "idle connections: {idle}, not {want}"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+/// A keep-alive connection quiet after its answer is handed back by hyper and waits for
+/// the next request holding no buffers (counted as idle); that request is answered as on
+/// any keep-alive connection. One whose last request body was not read closes instead.
+#[tokio::test]
+async fn a_quiet_keep_alive_connection_waits_without_buffers_and_serves_again() {
+    let gw = Gateway::start_with(
+        MockConfig::default(),
+        "[connections]\nheader_read_timeout_ms = 20000\n",
+    )
+    .await;
+    let mut stream = connect(&gw).await;
+    let health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    for _ in 0..2 {
+        stream.write_all(health).await.unwrap();
+        let answer = Raw::parse(&read_response(&mut stream).await);
+        assert_eq!(answer.status, 200);
+        assert_eq!(answer.header("connection"), None);
+        await_idle_connections(&gw, 1.0).await;
+    }
+
+    let mut unread = connect(&gw).await;
+    unread
+        .write_all(b"POST /no-such-path HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nabcde")
+        .await
+        .unwrap();
+    let answered = read_until_closed(&mut unread).await;
+    assert_eq!(statuses(&answered), (vec![404], 0));
+    // The first connection is still the only one waiting.
+    await_idle_connections(&gw, 1.0).await;
+    drop(stream);
+    await_idle_connections(&gw, 0.0).await;
+}
