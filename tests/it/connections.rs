@@ -592,3 +592,44 @@ async fn a_quiet_keep_alive_connection_waits_without_buffers_and_serves_again() 
     drop(stream);
     await_idle_connections(&gw, 0.0).await;
 }
+
+/// A stream that outlasts the quiet time (its head is out, nothing new begins) ends
+/// whole, and the connection carries the next request: handing the socket back waits
+/// for the answer under way.
+#[tokio::test]
+async fn a_stream_longer_than_the_quiet_time_ends_whole_and_the_connection_goes_on() {
+    let gw = Gateway::start_slow(40).await;
+    let mut stream = connect(&gw).await;
+    let body = r#"{"model":"llama-8b","prompt":"Hi","max_tokens":25,"stream":true}"#;
+    let request = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        gw.key,
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    // 25 tokens at 40 ms: ~1 s, four times the quiet time. Chunked: read to its end.
+    let mut received = Vec::new();
+    let read = tokio::time::timeout(LIMIT, async {
+        let mut buf = [0u8; 4096];
+        while !received.ends_with(b"0\r\n\r\n") {
+            let n = stream.read(&mut buf).await.unwrap();
+            assert!(
+                n > 0,
+                "closed mid-stream: {:?}",
+                String::from_utf8_lossy(&received)
+            );
+            received.extend_from_slice(&buf[..n]);
+        }
+    });
+    read.await.expect("the whole stream");
+    let text = String::from_utf8_lossy(&received);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(!text.to_lowercase().contains("connection: close"), "{text}");
+    assert!(text.contains("data: [DONE]"), "{text}");
+
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(Raw::parse(&read_response(&mut stream).await).status, 200);
+}
