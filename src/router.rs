@@ -4,25 +4,21 @@
 //! the handlers know nothing of it.
 
 use axum::Router;
-use axum::body::Body;
-use axum::http::Request;
 use axum::middleware;
-use axum::response::Response;
 use axum::routing::get;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::compression::CompressionLayer;
 use tower_http::compression::predicate::{NotForContentType, Predicate, SizeAbove};
-use tower_http::trace::{DefaultOnResponse, OnResponse, TraceLayer};
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use utoipa_swagger_ui::SwaggerUi;
 
 use crate::error::ApiError;
-use crate::http::{auth, envelope, fallback, request_record};
+use crate::http::{auth, envelope, fallback, request_record, request_span};
 use crate::openapi::ApiDoc;
 use crate::state::AppState;
-use crate::{admin, completion, jobs, models, ops, traces, usage, workbench};
+use crate::{admin, completion, jobs, models, ops, usage, workbench};
 
 /// Answers shorter than this go out uncompressed: a gzip stream's state (a few hundred
 /// KiB, zeroed for every response) costs far more than the few hundred bytes it would
@@ -122,19 +118,9 @@ pub fn build_router(state: AppState) -> Router {
             state.clone(),
             request_record::record,
         ))
-        .layer(
-            TraceLayer::new_for_http()
-                .make_span_with(move |request: &Request<Body>| trace_span(request, traced))
-                .on_response(move |response: &Response, latency, span: &tracing::Span| {
-                    if traced {
-                        span.record("status", i64::from(response.status().as_u16()));
-                    }
-                    DefaultOnResponse::default().on_response(response, latency, span);
-                })
-                // Every request's line (status, error code) is written by the request
-                // record; a second, per 5xx, would double the log in an outage.
-                .on_failure(()),
-        )
+        .layer(middleware::from_fn(move |request, next| {
+            request_span::request_span(traced, request, next)
+        }))
         .layer(middleware::from_fn(envelope::envelope))
         .layer(
             CompressionLayer::new().compress_when(
@@ -145,29 +131,4 @@ pub fn build_router(state: AppState) -> Router {
             ),
         )
         .with_state(state)
-}
-
-/// The span of one request: method, path and request id; never headers or bodies.
-/// When `traced`, it is the root of the request's trace (or continues the client's
-/// `traceparent`), and the model and status are recorded in it too: only then, since a
-/// field recorded later costs the log's formatter an allocation per request.
-fn trace_span(request: &Request<Body>, traced: bool) -> tracing::Span {
-    let request_id = request
-        .extensions()
-        .get::<envelope::RequestId>()
-        .map(|id| id.0.as_str())
-        .unwrap_or("");
-    let span = tracing::info_span!(
-        "request",
-        method = %request.method(),
-        path = %request.uri().path(),
-        request_id,
-        key_prefix = tracing::field::Empty,
-        model = tracing::field::Empty,
-        status = tracing::field::Empty,
-    );
-    if traced {
-        traces::continue_trace(&span, request.headers());
-    }
-    span
 }

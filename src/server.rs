@@ -61,7 +61,7 @@ impl Drop for LogGuard {
 /// takes them, so with traces off they cost nothing.
 pub fn init_logging(format: LogFormat, traces: &TraceSettings) -> anyhow::Result<LogGuard> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tower_http=info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let (writer, guard) = crate::log_writer::stderr().context("starting the log writer")?;
     let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

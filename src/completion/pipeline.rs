@@ -102,7 +102,7 @@ pub async fn complete(
 ) -> Response {
     let Checked { request, model } = checked;
     if state.config().traces.enabled() {
-        // For the trace only (see `router::trace_span`).
+        // For the trace only (see `http::request_span`).
         tracing::Span::current().record("model", model.id.as_str());
     }
     model.sleep.touch(workload(headers) == Some("interactive"));

@@ -6,3 +6,4 @@ pub mod body;
 pub mod envelope;
 pub mod fallback;
 pub mod request_record;
+pub mod request_span;

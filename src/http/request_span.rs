@@ -1,0 +1,52 @@
+//! The span of one request: method, path and request id; never headers or bodies. The
+//! handler runs inside it, so every log line and trace span of the request carries it.
+//!
+//! Only the handler's future is instrumented, not the response body: tower-http's
+//! `TraceLayer` enters its span again for every frame of the body, which for a relayed
+//! stream is a registry look-up per SSE frame for nothing (the relay logs nothing
+//! while it streams). With traces on, the relay's own span is a child of this one and
+//! keeps it open until the stream ends, so the request's trace still covers the whole
+//! answer.
+
+use axum::extract::Request;
+use axum::middleware::Next;
+use axum::response::Response;
+use tracing::Instrument;
+
+use crate::http::envelope::RequestId;
+use crate::traces;
+
+/// Runs the rest of the request in its span. When `traced`, the span is the root of the
+/// request's trace (or continues the client's `traceparent`) and also gets the status.
+pub async fn request_span(traced: bool, request: Request, next: Next) -> Response {
+    let span = span_of(&request, traced);
+    let response = next.run(request).instrument(span.clone()).await;
+    if traced {
+        span.record("status", i64::from(response.status().as_u16()));
+    }
+    response
+}
+
+/// The key prefix is recorded into it once the key is known (see `auth`); the model
+/// (see the completion pipeline) and the status only when `traced`, since a field
+/// recorded later costs the log's formatter an allocation per request.
+fn span_of(request: &Request, traced: bool) -> tracing::Span {
+    let request_id = request
+        .extensions()
+        .get::<RequestId>()
+        .map(|id| id.0.as_str())
+        .unwrap_or("");
+    let span = tracing::info_span!(
+        "request",
+        method = %request.method(),
+        path = %request.uri().path(),
+        request_id,
+        key_prefix = tracing::field::Empty,
+        model = tracing::field::Empty,
+        status = tracing::field::Empty,
+    );
+    if traced {
+        traces::continue_trace(&span, request.headers());
+    }
+    span
+}
