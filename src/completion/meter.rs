@@ -8,22 +8,17 @@
 //! - **JSON**: vLLM puts `usage` at the end of the body; the last few KiB are kept and
 //!   read when the body ends. Memory stays bounded whatever the body size.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use bytes::{Bytes, BytesMut};
-use serde::Deserialize;
+
+pub use crate::completion::sse_frame::Counts;
+use crate::completion::sse_frame::{self, Frame};
 
 /// A frame longer than this without its terminator is passed through unread.
 const MAX_FRAME: usize = 1 << 20;
 /// How much of a JSON body's end is kept to find `usage` in.
 const JSON_TAIL: usize = 16 * 1024;
-
-/// Token counts as the upstream reported them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-pub struct Counts {
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-}
 
 pub enum Meter {
     Sse(SseMeter),
@@ -31,12 +26,21 @@ pub enum Meter {
 }
 
 pub struct SseMeter {
-    /// Whether the client asked for the usage-only frame.
-    forward_usage: bool,
+    /// The one chunk pushed since the last take while nothing else was pending: a
+    /// stream at a realistic pace arrives a frame per chunk, which then leaves as it
+    /// came, without a copy.
+    fresh: Option<Bytes>,
     /// Bytes taken from the upstream and not yet given to the client: whole frames
     /// first, then the start of an incomplete one.
     pending: BytesMut,
-    /// Where the next frame ends in `pending`, found by looking at each byte once.
+    reader: FrameReader,
+}
+
+/// Reads frames as they complete, each byte looked at once.
+struct FrameReader {
+    /// Whether the client asked for the usage-only frame.
+    forward_usage: bool,
+    /// Where the next frame ends, in the bytes after the last one read.
     frames: FrameEnds,
     tally: Tally,
 }
@@ -44,9 +48,13 @@ pub struct SseMeter {
 /// What a stream's frames said about its tokens.
 #[derive(Default)]
 struct Tally {
+    /// The frame being read (its buffer reused from frame to frame).
+    frame: Frame,
     usage: Option<Counts>,
-    /// Tokens seen per choice index (from logprobs, running usage, or one per frame).
-    generated: HashMap<u64, u64>,
+    /// Tokens seen per choice index (from logprobs, running usage, or one per frame);
+    /// a B-tree, as a stream has a choice or a few and hashing the index per frame cost
+    /// more than finding it.
+    generated: BTreeMap<u64, u64>,
 }
 
 #[derive(Default)]
@@ -56,35 +64,16 @@ pub struct JsonMeter {
     held: Vec<Bytes>,
 }
 
-#[derive(Deserialize)]
-struct Chunk {
-    #[serde(default)]
-    choices: Vec<ChunkChoice>,
-    #[serde(default)]
-    usage: Option<Counts>,
-}
-
-#[derive(Deserialize)]
-struct ChunkChoice {
-    #[serde(default)]
-    index: u64,
-    #[serde(default)]
-    logprobs: Option<ChunkLogprobs>,
-}
-
-#[derive(Deserialize)]
-struct ChunkLogprobs {
-    #[serde(default)]
-    tokens: Vec<serde::de::IgnoredAny>,
-}
-
 impl Meter {
     pub fn sse(forward_usage: bool) -> Self {
         Self::Sse(SseMeter {
-            forward_usage,
+            fresh: None,
             pending: BytesMut::new(),
-            frames: FrameEnds::default(),
-            tally: Tally::default(),
+            reader: FrameReader {
+                forward_usage,
+                frames: FrameEnds::default(),
+                tally: Tally::default(),
+            },
         })
     }
 
@@ -95,7 +84,7 @@ impl Meter {
     /// Takes bytes from the upstream; [`Meter::take`] gives what the client may have.
     pub fn push(&mut self, chunk: Bytes) {
         match self {
-            Self::Sse(sse) => sse.pending.extend_from_slice(&chunk),
+            Self::Sse(sse) => sse.push(chunk),
             Self::Json(json) => {
                 json.keep(&chunk);
                 json.held.push(chunk);
@@ -106,7 +95,7 @@ impl Meter {
     /// The bytes pushed so far and not yet taken.
     pub fn held(&self) -> usize {
         match self {
-            Self::Sse(sse) => sse.pending.len(),
+            Self::Sse(sse) => sse.pending.len() + sse.fresh.as_ref().map_or(0, Bytes::len),
             Self::Json(json) => json.held.iter().map(Bytes::len).sum(),
         }
     }
@@ -127,7 +116,12 @@ impl Meter {
     /// At the end of the upstream body: whatever is still held back.
     pub fn finish(&mut self) -> Bytes {
         match self {
-            Self::Sse(sse) => sse.pending.split().freeze(),
+            Self::Sse(sse) => {
+                if let Some(fresh) = sse.fresh.take() {
+                    sse.pending.extend_from_slice(&fresh);
+                }
+                sse.pending.split().freeze()
+            }
             Self::Json(_) => self.take(),
         }
     }
@@ -135,7 +129,7 @@ impl Meter {
     /// The usage the upstream reported, if it got that far.
     pub fn reported(&self) -> Option<Counts> {
         match self {
-            Self::Sse(sse) => sse.tally.usage,
+            Self::Sse(sse) => sse.reader.tally.usage,
             Self::Json(json) => json.usage(),
         }
     }
@@ -145,6 +139,7 @@ impl Meter {
     pub fn generated(&self) -> u64 {
         match self {
             Self::Sse(sse) => sse
+                .reader
                 .tally
                 .generated
                 .values()
@@ -155,32 +150,76 @@ impl Meter {
 }
 
 impl SseMeter {
-    /// Splits the complete frames off `pending`. They leave as one slice of it, without
-    /// a copy, unless the usage-only frame has to be cut out from between them.
+    fn push(&mut self, chunk: Bytes) {
+        if self.pending.is_empty() && self.fresh.is_none() {
+            self.fresh = Some(chunk);
+            return;
+        }
+        if let Some(fresh) = self.fresh.take() {
+            self.pending.extend_from_slice(&fresh);
+        }
+        self.pending.extend_from_slice(&chunk);
+    }
+
+    /// Splits the complete frames off what was pushed. They leave as one slice of it,
+    /// without a copy, unless the usage-only frame has to be cut out from between them.
     fn take(&mut self) -> Bytes {
-        let mut spliced = BytesMut::new();
-        // `pending[..start]`: frames read and passed.
-        let mut start = 0;
-        while let Some(len) = self.frames.next_end(&self.pending[start..]) {
-            let end = start + len;
-            if self.tally.observe(&self.pending[start..end]) || self.forward_usage {
-                start = end;
+        let Some(fresh) = self.fresh.take() else {
+            return self.take_pending(BytesMut::new());
+        };
+        match self.reader.read(&fresh) {
+            (passed, None) => {
+                if fresh.len() - passed > MAX_FRAME {
+                    self.reader.frames = FrameEnds::default();
+                    return fresh;
+                }
+                self.pending.extend_from_slice(&fresh[passed..]);
+                fresh.slice(..passed)
+            }
+            (passed, Some(dropped_end)) => {
+                self.pending.extend_from_slice(&fresh[dropped_end..]);
+                self.take_pending(BytesMut::from(&fresh[..passed]))
+            }
+        }
+    }
+
+    /// [`SseMeter::take`] from `pending`, after `spliced`: the frames already passed.
+    fn take_pending(&mut self, mut spliced: BytesMut) -> Bytes {
+        loop {
+            let (mut passed, dropped) = self.reader.read(&self.pending);
+            if let Some(dropped_end) = dropped {
+                spliced.extend_from_slice(&self.pending[..passed]);
+                let _dropped = self.pending.split_to(dropped_end);
                 continue;
             }
-            spliced.extend_from_slice(&self.pending[..start]);
-            let _dropped = self.pending.split_to(end);
-            start = 0;
+            if self.pending.len() - passed > MAX_FRAME {
+                passed = self.pending.len();
+                self.reader.frames = FrameEnds::default();
+            }
+            let passed = self.pending.split_to(passed);
+            if spliced.is_empty() {
+                return passed.freeze();
+            }
+            spliced.extend_from_slice(&passed);
+            return spliced.freeze();
         }
-        if self.pending.len() - start > MAX_FRAME {
-            start = self.pending.len();
-            self.frames = FrameEnds::default();
+    }
+}
+
+impl FrameReader {
+    /// Reads the complete frames at the start of `bytes` up to the first one the client
+    /// does not get (the usage-only frame, unless asked for): how many bytes pass
+    /// before it, and where it ends.
+    fn read(&mut self, bytes: &[u8]) -> (usize, Option<usize>) {
+        let mut passed = 0;
+        while let Some(len) = self.frames.next_end(&bytes[passed..]) {
+            let end = passed + len;
+            if !self.tally.observe(&bytes[passed..end]) && !self.forward_usage {
+                return (passed, Some(end));
+            }
+            passed = end;
         }
-        let passed = self.pending.split_to(start);
-        if spliced.is_empty() {
-            return passed.freeze();
-        }
-        spliced.extend_from_slice(&passed);
-        spliced.freeze()
+        (passed, None)
     }
 }
 
@@ -190,9 +229,10 @@ impl Tally {
         let Some(data) = frame_data(frame) else {
             return true;
         };
-        let Ok(chunk) = serde_json::from_slice::<Chunk>(data) else {
+        if !sse_frame::read(data, &mut self.frame) {
             return true;
-        };
+        }
+        let chunk = &self.frame;
         if chunk.choices.is_empty()
             && let Some(usage) = chunk.usage
         {
@@ -202,10 +242,10 @@ impl Tally {
         // Saturating: the counts are the upstream's, and any u64 parses.
         for choice in &chunk.choices {
             let seen = self.generated.entry(choice.index).or_default();
-            *seen = match (&chunk.usage, &choice.logprobs) {
+            *seen = match (&chunk.usage, choice.logprob_tokens) {
                 // Running usage (continuous_usage_stats) is cumulative per choice.
                 (Some(usage), _) => (*seen).max(usage.completion_tokens),
-                (None, Some(logprobs)) => seen.saturating_add(logprobs.tokens.len() as u64),
+                (None, Some(tokens)) => seen.saturating_add(tokens),
                 (None, None) => seen.saturating_add(1),
             };
         }
@@ -272,8 +312,18 @@ impl FrameEnds {
     /// The length of the first complete frame in `pending` (which the caller then
     /// splits off), if there is one yet.
     fn next_end(&mut self, pending: &[u8]) -> Option<usize> {
-        while let Some(&byte) = pending.get(self.scanned) {
-            let (state, end) = match (self.state, byte) {
+        while self.scanned < pending.len() {
+            if matches!(self.state, LineState::InLine) {
+                // Inside a line only its end matters: skip to it.
+                match memchr::memchr2(b'\n', b'\r', &pending[self.scanned..]) {
+                    Some(at) => self.scanned += at,
+                    None => {
+                        self.scanned = pending.len();
+                        return None;
+                    }
+                }
+            }
+            let (state, end) = match (self.state, pending[self.scanned]) {
                 (LineState::BlankCr, b'\n') => (LineState::InLine, Some(self.scanned + 1)),
                 (LineState::BlankCr, _) => (LineState::InLine, Some(self.scanned)),
                 (LineState::LineEnded, b'\n') => (LineState::InLine, Some(self.scanned + 1)),
@@ -344,6 +394,19 @@ mod tests {
         assert_eq!(meter.held(), partial.len(), "the incomplete frame waits");
         assert_eq!(meter.reported().map(|u| u.completion_tokens), Some(3));
         assert_eq!(meter.generated(), 3);
+    }
+
+    #[test]
+    fn a_chunk_of_whole_frames_leaves_as_a_slice_of_itself() {
+        let mut meter = Meter::sse(false);
+        let chunk = Bytes::from([CONTENT, CONTENT_1, &CONTENT[..20]].concat());
+        meter.push(chunk.clone());
+        let out = meter.take();
+        assert_eq!(out, [CONTENT, CONTENT_1].concat());
+        assert_eq!(out.as_ptr(), chunk.as_ptr(), "not copied");
+        assert_eq!(meter.held(), 20, "the incomplete frame waits");
+        assert_eq!(feed(&mut meter, &CONTENT.as_bytes()[20..]), CONTENT);
+        assert_eq!(meter.generated(), 4);
     }
 
     #[test]

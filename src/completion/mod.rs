@@ -13,6 +13,7 @@ pub mod plan;
 pub mod relay;
 pub mod request;
 pub mod settle;
+pub mod sse_frame;
 
 use axum::Extension;
 use axum::body::Body;

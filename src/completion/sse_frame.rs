@@ -1,0 +1,510 @@
+//! What one SSE frame of a completion stream says about tokens.
+//!
+//! The meter reads every frame it relays (see `meter`). A vLLM frame is ~300 bytes of
+//! JSON with a dozen keys, of which four matter here; serde_json's derived
+//! deserializer parses and checks every key and every value, which was a fifth of the
+//! gateway's CPU relaying streams flat out. [`read`] first walks the frame once,
+//! matching the keys it needs and skipping the rest, and leaves to serde any frame in
+//! which it meets something it does not expect: an escaped or repeated key, a value of
+//! another type, a number that is not a plain `u64`. On well-formed JSON the two read
+//! the same (a test checks them against each other); the walk does not validate the
+//! values it skips, so a frame that is not JSON at all may be read where serde would
+//! refuse it — vLLM writes well-formed frames, and nothing but the token count of a
+//! stream cut short depends on it.
+
+use serde::Deserialize;
+
+/// Token counts as the upstream reported them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub struct Counts {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+}
+
+/// What a frame says, kept between frames so that reading one allocates nothing.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Frame {
+    pub choices: Vec<Choice>,
+    pub usage: Option<Counts>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Choice {
+    pub index: u64,
+    /// The number of tokens in the choice's `logprobs`, when it has them.
+    pub logprob_tokens: Option<u64>,
+}
+
+/// Reads the JSON payload of a `data:` frame into `frame`; false when it is not a
+/// completion chunk (an error event, or not JSON).
+pub fn read(data: &[u8], frame: &mut Frame) -> bool {
+    frame.choices.clear();
+    frame.usage = None;
+    if walk(data, frame).is_some() {
+        return true;
+    }
+    frame.choices.clear();
+    frame.usage = None;
+    let Ok(chunk) = serde_json::from_slice::<Chunk>(data) else {
+        return false;
+    };
+    frame.usage = chunk.usage;
+    frame
+        .choices
+        .extend(chunk.choices.iter().map(|choice| Choice {
+            index: choice.index,
+            logprob_tokens: choice.logprobs.as_ref().map(|l| l.tokens.len() as u64),
+        }));
+    true
+}
+
+#[derive(Deserialize)]
+struct Chunk {
+    #[serde(default)]
+    choices: Vec<ChunkChoice>,
+    #[serde(default)]
+    usage: Option<Counts>,
+}
+
+#[derive(Deserialize)]
+struct ChunkChoice {
+    #[serde(default)]
+    index: u64,
+    #[serde(default)]
+    logprobs: Option<ChunkLogprobs>,
+}
+
+#[derive(Deserialize)]
+struct ChunkLogprobs {
+    #[serde(default)]
+    tokens: Vec<serde::de::IgnoredAny>,
+}
+
+/// The single pass; `None` leaves the frame to serde.
+fn walk(data: &[u8], frame: &mut Frame) -> Option<()> {
+    let mut json = Walk { bytes: data, at: 0 };
+    let (mut choices, mut usage) = (false, false);
+    json.object(|json, key| match key {
+        b"choices" => {
+            once(&mut choices)?;
+            json.array(|json| {
+                frame.choices.push(choice(json)?);
+                Some(())
+            })
+        }
+        b"usage" => {
+            once(&mut usage)?;
+            frame.usage = if json.null() {
+                None
+            } else {
+                Some(counts(json)?)
+            };
+            Some(())
+        }
+        _ => json.skip(),
+    })?;
+    json.peek().is_none().then_some(())
+}
+
+fn choice(json: &mut Walk<'_>) -> Option<Choice> {
+    let (mut index, mut logprob_tokens) = (None, None);
+    let mut logprobs_seen = false;
+    json.object(|json, key| match key {
+        b"index" => {
+            if index.is_some() {
+                return None;
+            }
+            index = Some(json.u64()?);
+            Some(())
+        }
+        b"logprobs" => {
+            once(&mut logprobs_seen)?;
+            if !json.null() {
+                logprob_tokens = Some(tokens(json)?);
+            }
+            Some(())
+        }
+        _ => json.skip(),
+    })?;
+    Some(Choice {
+        index: index.unwrap_or(0),
+        logprob_tokens,
+    })
+}
+
+/// The length of a `logprobs` object's `tokens` (0 without one).
+fn tokens(json: &mut Walk<'_>) -> Option<u64> {
+    let mut count = None;
+    json.object(|json, key| match key {
+        b"tokens" => {
+            if count.is_some() {
+                return None;
+            }
+            let mut n = 0;
+            json.array(|json| {
+                n += 1;
+                json.skip()
+            })?;
+            count = Some(n);
+            Some(())
+        }
+        _ => json.skip(),
+    })?;
+    Some(count.unwrap_or(0))
+}
+
+fn counts(json: &mut Walk<'_>) -> Option<Counts> {
+    let (mut prompt, mut completion) = (None, None);
+    json.object(|json, key| {
+        let slot = match key {
+            b"prompt_tokens" => &mut prompt,
+            b"completion_tokens" => &mut completion,
+            _ => return json.skip(),
+        };
+        if slot.is_some() {
+            return None;
+        }
+        *slot = Some(json.u64()?);
+        Some(())
+    })?;
+    Some(Counts {
+        prompt_tokens: prompt?,
+        completion_tokens: completion?,
+    })
+}
+
+/// Marks a key seen; `None` the second time (serde refuses a repeated field).
+fn once(seen: &mut bool) -> Option<()> {
+    (!std::mem::replace(seen, true)).then_some(())
+}
+
+/// A position in the frame's bytes.
+struct Walk<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Walk<'a> {
+    /// The next byte that is not whitespace, not consumed.
+    fn peek(&mut self) -> Option<u8> {
+        while let Some(&byte) = self.bytes.get(self.at) {
+            if !matches!(byte, b' ' | b'\t' | b'\n' | b'\r') {
+                return Some(byte);
+            }
+            self.at += 1;
+        }
+        None
+    }
+
+    fn eat(&mut self, byte: u8) -> Option<()> {
+        (self.peek()? == byte).then(|| self.at += 1)
+    }
+
+    fn null(&mut self) -> bool {
+        let is_null = self.peek() == Some(b'n') && self.bytes[self.at..].starts_with(b"null");
+        if is_null {
+            self.at += 4;
+        }
+        is_null
+    }
+
+    /// A string's bytes between its quotes, escapes left as written.
+    fn string(&mut self) -> Option<&'a [u8]> {
+        self.eat(b'"')?;
+        let start = self.at;
+        loop {
+            let rest = self.bytes.get(self.at..)?;
+            self.at += memchr::memchr2(b'"', b'\\', rest)?;
+            if self.bytes[self.at] == b'"' {
+                self.at += 1;
+                return Some(&self.bytes[start..self.at - 1]);
+            }
+            // The backslash and the byte it escapes.
+            self.at += 2;
+        }
+    }
+
+    /// An object's members, each key given to `member`, which must consume its value.
+    /// An escaped key is left to serde.
+    fn object(&mut self, mut member: impl FnMut(&mut Self, &'a [u8]) -> Option<()>) -> Option<()> {
+        self.eat(b'{')?;
+        if self.eat(b'}').is_some() {
+            return Some(());
+        }
+        loop {
+            let key = self.string()?;
+            if key.contains(&b'\\') {
+                return None;
+            }
+            self.eat(b':')?;
+            member(self, key)?;
+            match self.peek()? {
+                b',' => self.at += 1,
+                b'}' => {
+                    self.at += 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// An array's items, each given to `item`, which must consume it.
+    fn array(&mut self, mut item: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        self.eat(b'[')?;
+        if self.eat(b']').is_some() {
+            return Some(());
+        }
+        loop {
+            item(self)?;
+            match self.peek()? {
+                b',' => self.at += 1,
+                b']' => {
+                    self.at += 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// A plain unsigned integer, as serde reads a `u64`: no sign, fraction, exponent or
+    /// leading zero, and no overflow.
+    fn u64(&mut self) -> Option<u64> {
+        self.peek()?;
+        let rest = &self.bytes[self.at..];
+        let len = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+        if len == 0
+            || (len > 1 && rest[0] == b'0')
+            || matches!(rest.get(len), Some(b'.' | b'e' | b'E'))
+        {
+            return None;
+        }
+        let mut n: u64 = 0;
+        for digit in &rest[..len] {
+            n = n.checked_mul(10)?.checked_add(u64::from(digit - b'0'))?;
+        }
+        self.at += len;
+        Some(n)
+    }
+
+    /// Any value, not validated: a string, a nested object or array (to its matching
+    /// end), or a number or literal (to the next delimiter).
+    fn skip(&mut self) -> Option<()> {
+        match self.peek()? {
+            b'"' => self.string().map(drop),
+            b'{' | b'[' => {
+                let mut depth = 0usize;
+                loop {
+                    match *self.bytes.get(self.at)? {
+                        b'"' => {
+                            self.string()?;
+                            continue;
+                        }
+                        b'{' | b'[' => depth += 1,
+                        b'}' | b']' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                self.at += 1;
+                                return Some(());
+                            }
+                        }
+                        _ => {}
+                    }
+                    self.at += 1;
+                }
+            }
+            _ => {
+                let rest = &self.bytes[self.at..];
+                let len = rest
+                    .iter()
+                    .position(|&b| matches!(b, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r'))
+                    .unwrap_or(rest.len());
+                self.at += len;
+                (len > 0).then_some(())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What serde alone makes of `data`.
+    fn by_serde(data: &[u8]) -> Option<Frame> {
+        let mut frame = Frame::default();
+        let chunk = serde_json::from_slice::<Chunk>(data).ok()?;
+        frame.usage = chunk.usage;
+        frame.choices = chunk
+            .choices
+            .iter()
+            .map(|c| Choice {
+                index: c.index,
+                logprob_tokens: c.logprobs.as_ref().map(|l| l.tokens.len() as u64),
+            })
+            .collect();
+        Some(frame)
+    }
+
+    fn by_walk(data: &[u8]) -> Option<Frame> {
+        let mut frame = Frame::default();
+        walk(data, &mut frame).map(|()| frame)
+    }
+
+    /// Well-formed frames of every shape the meter meets, and some it should not.
+    const FRAMES: &[&str] = &[
+        r#"{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" can","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}],"usage":null}"#,
+        r#"{"id":"c","choices":[],"usage":{"prompt_tokens":6,"total_tokens":9,"completion_tokens":3}}"#,
+        r#"{"choices":[{"index":1,"text":"a","logprobs":{"text_offset":[0,2],"token_logprobs":[-0.5,-1e-3],"tokens":[" b"," c"],"top_logprobs":[{" b":-0.5,"}":-2.0},{"\"":-1.5}]}}]}"#,
+        r#"{"choices":[{"index":2,"text":"x"},{"index":0,"text":"y","logprobs":{}}],"usage":{"prompt_tokens":1,"completion_tokens":18446744073709551615}}"#,
+        r#" { "choices" : [ { "text" : "q\"}]\\" , "index" : 3 } ] , "usage" : null } "#,
+        r#"{"choices":[{"text":"no index"}],"extra":{"nested":[1,{"a":[true,false,null]}]},"usage":{"completion_tokens":2,"prompt_tokens":5}}"#,
+        r#"{"error":{"message":"x","code":400}}"#,
+        r#"{}"#,
+        // Left to serde, or refused by it:
+        r#"{"choices":[{"index":-1}]}"#,
+        r#"{"choices":[{"index":1.0}]}"#,
+        r#"{"choices":[{"index":1e2}]}"#,
+        r#"{"choices":[{"index":18446744073709551616}]}"#,
+        r#"{"choices":[{"index":"1"}]}"#,
+        r#"{"choices":null}"#,
+        r#"{"choices":[],"usage":{"prompt_tokens":1}}"#,
+        r#"{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2,"completion_tokens":3}}"#,
+        r#"{"choices":[],"choices":[]}"#,
+        r#"{"choices":[{"index":0,"index":1}]}"#,
+        r#"{"choices":[{"logprobs":{"tokens":null}}]}"#,
+        r#"{"\u0075sage":{"prompt_tokens":1,"completion_tokens":2},"choices":[]}"#,
+        r#"{"choices":[]} trailing"#,
+        r#"[1,2]"#,
+    ];
+
+    #[test]
+    fn the_walk_reads_every_frame_it_accepts_as_serde_does() {
+        for data in FRAMES {
+            let serde = by_serde(data.as_bytes());
+            if let Some(walked) = by_walk(data.as_bytes()) {
+                assert_eq!(Some(walked), serde, "{data}");
+            }
+            let mut frame = Frame::default();
+            let read = read(data.as_bytes(), &mut frame);
+            assert_eq!(read.then_some(frame), serde, "{data}");
+        }
+    }
+
+    #[test]
+    fn vllm_frames_are_read_by_the_walk_itself() {
+        for data in &FRAMES[..6] {
+            assert!(by_walk(data.as_bytes()).is_some(), "{data}");
+        }
+        let usage = by_walk(FRAMES[1].as_bytes()).unwrap();
+        assert_eq!(
+            usage,
+            Frame {
+                choices: vec![],
+                usage: Some(Counts {
+                    prompt_tokens: 6,
+                    completion_tokens: 3
+                })
+            }
+        );
+        let logprobs = by_walk(FRAMES[2].as_bytes()).unwrap();
+        assert_eq!(
+            logprobs.choices,
+            [Choice {
+                index: 1,
+                logprob_tokens: Some(2)
+            }]
+        );
+    }
+
+    /// A random JSON value built from the keys and values a frame has, `depth` deep.
+    /// xorshift: a reproducible random number below `n`, without a dependency.
+    fn next(seed: &mut u64, n: u64) -> u64 {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        *seed % n
+    }
+
+    fn random_value(seed: &mut u64, depth: u32) -> serde_json::Value {
+        use serde_json::{Value, json};
+        const KEYS: &[&str] = &[
+            "choices",
+            "usage",
+            "index",
+            "logprobs",
+            "tokens",
+            "prompt_tokens",
+            "completion_tokens",
+            "text",
+            "\"}]",
+            "",
+        ];
+        match next(seed, if depth == 0 { 6 } else { 9 }) {
+            0 => Value::Null,
+            1 => json!(next(seed, 3) == 0),
+            2 => json!(next(seed, u64::MAX)),
+            3 => json!(-(next(seed, 100) as i64)),
+            4 => json!(next(seed, 1000) as f64 / 8.0),
+            5 => json!(["\"", "\\", "}", "é", "\u{1}"][next(seed, 5) as usize]),
+            6 | 7 => {
+                let len = next(seed, 4);
+                Value::Object(
+                    (0..len)
+                        .map(|_| {
+                            let key = KEYS[next(seed, KEYS.len() as u64) as usize].to_string();
+                            (key, random_value(seed, depth - 1))
+                        })
+                        .collect(),
+                )
+            }
+            _ => Value::Array(
+                (0..next(seed, 4))
+                    .map(|_| random_value(seed, depth - 1))
+                    .collect(),
+            ),
+        }
+    }
+
+    #[test]
+    fn random_json_reads_the_same_by_the_walk_and_by_serde() {
+        let mut seed = 0x9E37_79B9_7F4A_7C15;
+        let mut walked = 0;
+        for _ in 0..20_000 {
+            let data = random_value(&mut seed, 4).to_string();
+            let serde = by_serde(data.as_bytes());
+            if let Some(frame) = by_walk(data.as_bytes()) {
+                walked += 1;
+                assert_eq!(Some(frame), serde, "{data}");
+            }
+            let mut frame = Frame::default();
+            assert_eq!(
+                read(data.as_bytes(), &mut frame).then_some(frame),
+                serde,
+                "{data}"
+            );
+        }
+        assert!(
+            walked > 1_000,
+            "the walk read only {walked} of the frames itself"
+        );
+    }
+
+    #[test]
+    fn every_cut_of_a_frame_reads_as_serde_reads_it_or_not_at_all() {
+        for data in &FRAMES[..6] {
+            for cut in 0..data.len() {
+                let part = &data.as_bytes()[..cut];
+                let mut frame = Frame::default();
+                let read = read(part, &mut frame);
+                // A cut frame is not JSON; whatever the walk makes of it must not panic,
+                // and where serde reads it the two agree.
+                if let Some(serde) = by_serde(part) {
+                    assert!(read);
+                    assert_eq!(frame, serde, "{data} cut at {cut}");
+                }
+            }
+        }
+    }
+}
