@@ -36,6 +36,9 @@ const WHOLE_BODY_MAX: u64 = 64 * 1024;
 /// stream goes out in writes of this size rather than one per frame, and a gather never
 /// holds bytes back for long waiting for more reads to fill it.
 const GATHER_MAX: usize = 16 * 1024;
+/// A stream that never pauses is checked for a [`Cut`] after this many pieces relayed
+/// (one that pauses, at each pause).
+const CUT_CHECK_EVERY: u32 = 64;
 
 /// Resolves, with the reason, when a relayed body must be cut short.
 pub type Cut = Pin<Box<dyn Future<Output = &'static str> + Send>>;
@@ -45,6 +48,7 @@ pub type Cut = Pin<Box<dyn Future<Output = &'static str> + Send>>;
 pub fn cut(draining: CancellationToken, lost: CancellationToken) -> Cut {
     Box::pin(async move {
         tokio::select! {
+            biased;
             () = draining.cancelled_owned() => "fleetgate is shutting down",
             () = lost.cancelled_owned() => "the model server stopped answering",
         }
@@ -107,6 +111,7 @@ pub async fn relay(
         timing,
         first_seen: false,
         cut,
+        since_cut_check: 0,
         _span: span,
     };
     response
@@ -172,7 +177,12 @@ struct Metered {
     ended: bool,
     timing: Timing,
     first_seen: bool,
+    /// Looked at when the upstream has nothing new (the task is about to wait, and the
+    /// cut's waker must be its own), and every [`CUT_CHECK_EVERY`] pieces relayed
+    /// without a pause: not before every read, as each look locks the tokens'
+    /// mutexes, twice per frame of a paced stream.
     cut: Cut,
+    since_cut_check: u32,
     /// Open while the body is relayed: the relay's span ends with the body, not when
     /// the response head goes out.
     _span: tracing::Span,
@@ -202,10 +212,11 @@ impl Stream for Metered {
             if this.ended {
                 return Poll::Ready(None);
             }
-            if let Poll::Ready(reason) = this.cut.as_mut().poll(cx) {
-                this.ended = true;
-                this.settling = this.settlement.settle();
-                return Poll::Ready(Some(Err(io::Error::other(reason))));
+            if this.since_cut_check >= CUT_CHECK_EVERY {
+                this.since_cut_check = 0;
+                if let Poll::Ready(reason) = this.cut.as_mut().poll(cx) {
+                    return this.cut_short(reason);
+                }
             }
             if matches!(this.end, Some(Some(_))) && !std::mem::replace(&mut this.yielded, true) {
                 // An error makes hyper drop the connection with whatever it still holds
@@ -215,8 +226,15 @@ impl Stream for Metered {
             }
             let end = match this.end.take() {
                 Some(end) => end,
-                None => match ready!(this.inner.as_mut().poll_next(cx)) {
-                    Some(Ok(chunk)) => {
+                None => match this.inner.as_mut().poll_next(cx) {
+                    Poll::Pending => {
+                        this.since_cut_check = 0;
+                        return match this.cut.as_mut().poll(cx) {
+                            Poll::Ready(reason) => this.cut_short(reason),
+                            Poll::Pending => Poll::Pending,
+                        };
+                    }
+                    Poll::Ready(Some(Ok(chunk))) => {
                         if std::mem::replace(&mut this.first_seen, true) {
                             this.gather(chunk, cx);
                         } else {
@@ -227,12 +245,13 @@ impl Stream for Metered {
                         }
                         let out = this.settlement.meter.take();
                         if !out.is_empty() {
+                            this.since_cut_check += 1;
                             return Poll::Ready(Some(Ok(out)));
                         }
                         continue;
                     }
-                    Some(Err(err)) => Some(err),
-                    None => None,
+                    Poll::Ready(Some(Err(err))) => Some(err),
+                    Poll::Ready(None) => None,
                 },
             };
             this.ended = true;
@@ -250,6 +269,13 @@ impl Stream for Metered {
 }
 
 impl Metered {
+    /// Ends the body with an error (hyper then drops the connection) and settles.
+    fn cut_short(&mut self, reason: &'static str) -> Poll<Option<io::Result<Bytes>>> {
+        self.ended = true;
+        self.settling = self.settlement.settle();
+        Poll::Ready(Some(Err(io::Error::other(reason))))
+    }
+
     /// Meters `chunk` and whatever else the upstream has already delivered (up to
     /// [`GATHER_MAX`]), noting the body's end if it came too.
     fn gather(&mut self, chunk: Bytes, cx: &mut Context<'_>) {
