@@ -269,7 +269,7 @@ impl JsonMeter {
     /// The last `"usage":{…}` object of the body.
     fn usage(&self) -> Option<Counts> {
         const KEY: &[u8] = b"\"usage\":";
-        let at = self.tail.windows(KEY.len()).rposition(|w| w == KEY)?;
+        let at = memchr::memmem::rfind(&self.tail, KEY)?;
         let mut values = serde_json::Deserializer::from_slice(&self.tail[at + KEY.len()..])
             .into_iter::<Counts>();
         values.next()?.ok()
