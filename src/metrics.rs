@@ -10,8 +10,8 @@
 //! gauges (health, …) can be added alongside with the same labels.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -82,7 +82,8 @@ struct ReasonLabels {
     reason: &'static str,
 }
 
-/// How a request forwarded to an upstream went.
+/// How a request forwarded to an upstream went. The order indexes each upstream's
+/// cached counters (`UpstreamSeries::outcomes`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum UpstreamOutcome {
     /// A success status.
@@ -176,6 +177,10 @@ struct Inner {
     upstream_duration: HistogramFamily<UpstreamLabels>,
     upstream_up: Family<UpstreamLabels, Gauge>,
     upstream_ejections: Family<UpstreamLabels, Counter>,
+    /// Each upstream's series, resolved once (see [`UpstreamMetrics`]): model → GPU label.
+    upstreams: RwLock<HashMap<String, HashMap<String, UpstreamMetrics>>>,
+    /// Each model's request series, resolved once; `""` for requests of no known model.
+    models: RwLock<HashMap<String, Arc<ModelSeries>>>,
     prefix_cache_hit_rate: Family<UpstreamLabels, Gauge<f64, AtomicU64>>,
     /// Each model's routing counters, resolved at start-up: no label is built per request.
     routing: HashMap<String, [Counter; 4]>,
@@ -433,6 +438,8 @@ impl Metrics {
             upstream_duration,
             upstream_up,
             upstream_ejections,
+            upstreams: RwLock::default(),
+            models: RwLock::default(),
             prefix_cache_hit_rate,
             routing,
             fleet_queued,
@@ -470,6 +477,9 @@ impl Metrics {
     /// what it did is still true). A request still on it counts on a gauge no longer
     /// exported.
     pub fn node_removed(&self, model: &str, gpu: &str) {
+        if let Some(gpus) = write(&self.0.upstreams).get_mut(model) {
+            gpus.remove(gpu);
+        }
         let labels = UpstreamLabels::new(model, gpu);
         self.0.in_flight.remove(&labels);
         self.0.upstream_up.remove(&labels);
@@ -511,37 +521,67 @@ impl Metrics {
     /// One finished request (its metadata row is final). `model`: the configured model
     /// id, `None` when the request named no known model.
     pub fn request_finished(&self, finished: &FinishedRequest<'_>) {
-        let model = finished.model.unwrap_or("").to_owned();
+        let model = finished.model.unwrap_or("");
+        let series = cached(
+            &self.0.models,
+            |models| models.get(model),
+            |models| {
+                models.entry(model.to_owned()).or_insert_with(|| {
+                    let labels = ModelLabels {
+                        model: model.to_owned(),
+                    };
+                    Arc::new(ModelSeries {
+                        duration: self.0.request_duration.get_or_create_owned(&labels),
+                        prompt_tokens: OnceLock::new(),
+                        completion_tokens: OnceLock::new(),
+                        labels,
+                    })
+                })
+            },
+        );
         self.0
             .requests
             .get_or_create(&RequestLabels {
-                model: model.clone(),
+                model: series.labels.model.clone(),
                 status: finished.status,
                 code: finished.error_code.unwrap_or("").to_owned(),
             })
             .inc();
-        let labels = ModelLabels { model };
-        self.0
-            .request_duration
-            .get_or_create(&labels)
-            .observe(finished.latency.as_secs_f64());
-        if let Some(tokens) = finished.prompt_tokens {
-            self.0.prompt_tokens.get_or_create(&labels).inc_by(tokens);
-        }
-        if let Some(tokens) = finished.completion_tokens {
-            self.0
-                .completion_tokens
-                .get_or_create(&labels)
-                .inc_by(tokens);
+        series.duration.observe(finished.latency.as_secs_f64());
+        let tokens = [
+            (
+                &series.prompt_tokens,
+                &self.0.prompt_tokens,
+                finished.prompt_tokens,
+            ),
+            (
+                &series.completion_tokens,
+                &self.0.completion_tokens,
+                finished.completion_tokens,
+            ),
+        ];
+        for (counter, family, tokens) in tokens {
+            if let Some(tokens) = tokens {
+                counter
+                    .get_or_init(|| family.get_or_create_owned(&series.labels))
+                    .inc_by(tokens);
+            }
         }
     }
 
     /// The handles of one upstream of one model.
     pub fn upstream(&self, model: &str, gpu: &str) -> UpstreamMetrics {
-        UpstreamMetrics {
-            metrics: self.clone(),
-            labels: UpstreamLabels::new(model, gpu),
-        }
+        cached(
+            &self.0.upstreams,
+            |upstreams| upstreams.get(model)?.get(gpu),
+            |upstreams| {
+                upstreams
+                    .entry(model.to_owned())
+                    .or_default()
+                    .entry(gpu.to_owned())
+                    .or_insert_with(|| UpstreamMetrics::resolve(&self.0, model, gpu))
+            },
+        )
     }
 
     /// How the node of one request of `model` was picked.
@@ -652,56 +692,90 @@ impl UpstreamLabels {
     }
 }
 
-/// The series of one upstream of one model.
+/// The request series of one model (see [`UpstreamMetrics`] for why they are kept).
+struct ModelSeries {
+    labels: ModelLabels,
+    duration: Histogram,
+    prompt_tokens: OnceLock<Counter>,
+    completion_tokens: OnceLock<Counter>,
+}
+
+/// The series of one upstream of one model, each found in its family once: a request
+/// updates four of them, and finding one (hashing its labels, under the family's lock)
+/// cost more than the update. Resolved when first used, so that a series appears in
+/// `/metrics` only once it has something to say, as it would without the cache.
 #[derive(Clone)]
-pub struct UpstreamMetrics {
-    metrics: Metrics,
+pub struct UpstreamMetrics(Arc<UpstreamSeries>);
+
+struct UpstreamSeries {
     labels: UpstreamLabels,
+    in_flight: Gauge,
+    ttfb: OnceLock<Histogram>,
+    duration: OnceLock<Histogram>,
+    /// By [`UpstreamOutcome`], in its order.
+    outcomes: [OnceLock<Counter>; 4],
+    /// The families, to resolve the rest from.
+    ttfb_family: HistogramFamily<UpstreamLabels>,
+    duration_family: HistogramFamily<UpstreamLabels>,
+    requests_family: Family<OutcomeLabels, Counter>,
+    ejections_family: Family<UpstreamLabels, Counter>,
 }
 
 impl UpstreamMetrics {
+    fn resolve(inner: &Inner, model: &str, gpu: &str) -> Self {
+        let labels = UpstreamLabels::new(model, gpu);
+        Self(Arc::new(UpstreamSeries {
+            in_flight: inner.in_flight.get_or_create_owned(&labels),
+            labels,
+            ttfb: OnceLock::new(),
+            duration: OnceLock::new(),
+            outcomes: Default::default(),
+            ttfb_family: inner.upstream_ttfb.clone(),
+            duration_family: inner.upstream_duration.clone(),
+            requests_family: inner.upstream_requests.clone(),
+            ejections_family: inner.upstream_ejections.clone(),
+        }))
+    }
+
     /// Counts a request as in flight to this upstream while the guard lives.
     pub fn in_flight(&self) -> GaugeGuard {
-        GaugeGuard::new(self.metrics.0.in_flight.get_or_create_owned(&self.labels))
+        GaugeGuard::new(self.0.in_flight.clone())
     }
 
     pub fn outcome(&self, outcome: UpstreamOutcome) {
-        self.metrics
-            .0
-            .upstream_requests
-            .get_or_create(&OutcomeLabels {
-                model: self.labels.model.clone(),
-                gpu: self.labels.gpu.clone(),
-                outcome: outcome.as_str(),
+        let series = &self.0;
+        series.outcomes[outcome as usize]
+            .get_or_init(|| {
+                series.requests_family.get_or_create_owned(&OutcomeLabels {
+                    model: series.labels.model.clone(),
+                    gpu: series.labels.gpu.clone(),
+                    outcome: outcome.as_str(),
+                })
             })
             .inc();
     }
 
     /// The first body byte arrived; `sent`: when the request was sent.
     pub fn first_byte(&self, sent: Instant) {
-        self.metrics
-            .0
-            .upstream_ttfb
-            .get_or_create(&self.labels)
+        let series = &self.0;
+        series
+            .ttfb
+            .get_or_init(|| series.ttfb_family.get_or_create_owned(&series.labels))
             .observe(sent.elapsed().as_secs_f64());
     }
 
     /// The successful response body ended; `sent`: when the request was sent.
     pub fn finished(&self, sent: Instant) {
-        self.metrics
-            .0
-            .upstream_duration
-            .get_or_create(&self.labels)
+        let series = &self.0;
+        series
+            .duration
+            .get_or_init(|| series.duration_family.get_or_create_owned(&series.labels))
             .observe(sent.elapsed().as_secs_f64());
     }
 
     /// The node was taken out of rotation.
     pub fn ejected(&self) {
-        self.metrics
-            .0
-            .upstream_ejections
-            .get_or_create(&self.labels)
-            .inc();
+        self.0.ejections_family.get_or_create(&self.0.labels).inc();
     }
 }
 
@@ -720,4 +794,26 @@ impl Drop for GaugeGuard {
     fn drop(&mut self) {
         self.0.dec();
     }
+}
+
+/// The entry `find` finds under the read lock, or else the one `insert` makes (or finds,
+/// if another thread made it meanwhile) under the write lock.
+fn cached<M, V: Clone>(
+    lock: &RwLock<M>,
+    find: impl FnOnce(&M) -> Option<&V>,
+    insert: impl FnOnce(&mut M) -> &mut V,
+) -> V {
+    if let Some(found) = find(&read(lock)) {
+        return found.clone();
+    }
+    insert(&mut write(lock)).clone()
+}
+
+/// The lock's map even if a thread panicked holding it: the map stays whole.
+fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(PoisonError::into_inner)
 }

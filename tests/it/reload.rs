@@ -155,6 +155,29 @@ async fn a_node_removed_while_a_request_is_on_it_finishes_that_request() {
     );
 }
 
+/// The gateway keeps each node's series once found; a node removed and added back
+/// must count on the gauge `/metrics` exports, not on the one its removal dropped.
+#[tokio::test]
+async fn a_node_added_back_counts_its_requests_in_flight_again() {
+    let (a, b) = (node().await, node().await);
+    let gw = Gateway::start_fleet_from_file(&top_level(), "", &[(&a, "gpu-a", "")]).await;
+    assert_eq!(complete(&gw, &short()).await.status(), 200);
+    for fleet in [[(&b, "gpu-b", "")], [(&a, "gpu-a", "")]] {
+        gw.rewrite_config(&top_level(), "", &fleet);
+        assert_eq!(reload(&gw).await.status(), 200);
+    }
+
+    let held = hold_on(&gw, &a).await;
+    let in_flight = parse_metrics(&gw.metrics_text().await)
+        .into_iter()
+        .find(|s| s.name == "fleetgate_in_flight_requests" && s.labels["gpu"] == "gpu-a")
+        .expect("the node added back has its gauge")
+        .value;
+    assert_eq!(in_flight, 1.0);
+    a.open_gate();
+    assert_eq!(held.await.unwrap().0, 200);
+}
+
 #[tokio::test]
 async fn an_invalid_config_is_refused_and_changes_nothing() {
     let (a, b) = (node().await, node().await);
