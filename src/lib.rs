@@ -15,6 +15,7 @@ pub mod jobs;
 pub mod keys;
 pub mod ledger;
 mod log_fields;
+mod log_line;
 mod log_writer;
 pub mod metrics;
 pub mod models;

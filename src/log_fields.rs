@@ -159,6 +159,7 @@ mod tests {
     use tracing_subscriber::prelude::*;
 
     use super::*;
+    use crate::log_line::LineFormat;
 
     #[derive(Clone, Default)]
     struct Captured(Arc<Mutex<Vec<u8>>>);
@@ -237,13 +238,22 @@ mod tests {
             "args"
         );
         tracing::info!("just a message");
+        let outer = tracing::debug_span!("outer", n = 1_u64);
+        let _outer = outer.enter();
+        let empty = tracing::error_span!("empty");
+        let _empty = empty.enter();
+        tracing::error!(code = "x", "nested");
+        tracing::debug!("debug");
+        tracing::trace!(target: "other::target", "trace");
     }
 
     #[test]
     fn lines_read_exactly_as_the_default_formatter_writes_them() {
         let default = Captured::default();
         let plain = Captured::default();
+        let line = Captured::default();
         let subscriber = tracing_subscriber::registry()
+            .with(tracing_subscriber::filter::LevelFilter::TRACE)
             .with(
                 tracing_subscriber::fmt::layer()
                     .without_time()
@@ -258,9 +268,47 @@ mod tests {
                     .with_writer(plain.clone()),
             );
         tracing::subscriber::with_default(subscriber, log_everything);
+        // Apart: two layers with the same field formatter would share the spans' fields.
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_subscriber::filter::LevelFilter::TRACE)
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .fmt_fields(LineFields)
+                    .event_format(LineFormat::without_time())
+                    .with_ansi(false)
+                    .with_writer(line.clone()),
+            );
+        tracing::subscriber::with_default(subscriber, log_everything);
+        let timed = Captured::default();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_subscriber::filter::LevelFilter::TRACE)
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .fmt_fields(LineFields)
+                    .event_format(LineFormat::default())
+                    .with_ansi(false)
+                    .with_writer(timed.clone()),
+            );
+        tracing::subscriber::with_default(subscriber, log_everything);
         let expected = default.text();
-        assert_eq!(expected.lines().count(), 3, "{expected}");
+        // With the time: `2026-12-04T12:45:30.034620Z ` before the same line.
+        for (timed, expected) in timed.text().lines().zip(expected.lines()) {
+            let (stamp, rest) = timed.split_at(28);
+            assert_eq!(rest, expected);
+            let shape = stamp.bytes().zip("0000-00-00T00:00:00.000000Z ".bytes());
+            assert!(
+                shape.clone().all(|(b, s)| if s == b'0' {
+                    b.is_ascii_digit()
+                } else {
+                    b == s
+                }),
+                "{timed}"
+            );
+        }
+        assert_eq!(expected.lines().count(), 6, "{expected}");
         assert!(expected.contains(r#"workload="eval \"quoted\" back\\slash""#));
+        assert!(expected.contains("DEBUG request{"), "{expected}");
         assert_eq!(plain.text(), expected);
+        assert_eq!(line.text(), expected, "the whole line (crate::log_line)");
     }
 }

@@ -68,7 +68,10 @@ pub fn init_logging(format: LogFormat, traces: &TraceSettings) -> anyhow::Result
         .with_writer(writer);
     let fmt = match format {
         LogFormat::Json => fmt.json().boxed(),
-        LogFormat::Text => fmt.fmt_fields(crate::log_fields::LineFields).boxed(),
+        LogFormat::Text => fmt
+            .fmt_fields(crate::log_fields::LineFields)
+            .event_format(crate::log_line::LineFormat::default())
+            .boxed(),
     };
     let logs = tracing_subscriber::registry().with(fmt.with_filter(filter));
     let exporter = Exporter::start(traces).context("starting the trace exporter")?;
