@@ -247,11 +247,26 @@ mod tests {
         tracing::trace!(target: "other::target", "trace");
     }
 
+    /// What [`log_everything`] writes through `format`.
+    fn lines_of(format: LineFormat) -> String {
+        let lines = Captured::default();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_subscriber::filter::LevelFilter::TRACE)
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .fmt_fields(LineFields)
+                    .event_format(format)
+                    .with_ansi(false)
+                    .with_writer(lines.clone()),
+            );
+        tracing::subscriber::with_default(subscriber, log_everything);
+        lines.text()
+    }
+
     #[test]
     fn lines_read_exactly_as_the_default_formatter_writes_them() {
         let default = Captured::default();
         let plain = Captured::default();
-        let line = Captured::default();
         let subscriber = tracing_subscriber::registry()
             .with(tracing_subscriber::filter::LevelFilter::TRACE)
             .with(
@@ -269,35 +284,17 @@ mod tests {
             );
         tracing::subscriber::with_default(subscriber, log_everything);
         // Apart: two layers with the same field formatter would share the spans' fields.
-        let subscriber = tracing_subscriber::registry()
-            .with(tracing_subscriber::filter::LevelFilter::TRACE)
-            .with(
-                tracing_subscriber::fmt::layer()
-                    .fmt_fields(LineFields)
-                    .event_format(LineFormat::without_time())
-                    .with_ansi(false)
-                    .with_writer(line.clone()),
-            );
-        tracing::subscriber::with_default(subscriber, log_everything);
-        let timed = Captured::default();
-        let subscriber = tracing_subscriber::registry()
-            .with(tracing_subscriber::filter::LevelFilter::TRACE)
-            .with(
-                tracing_subscriber::fmt::layer()
-                    .fmt_fields(LineFields)
-                    .event_format(LineFormat::default())
-                    .with_ansi(false)
-                    .with_writer(timed.clone()),
-            );
-        tracing::subscriber::with_default(subscriber, log_everything);
+        let line = lines_of(LineFormat::without_time());
+        let timed = lines_of(LineFormat::default());
         let expected = default.text();
         // With the time: `2026-12-04T12:45:30.034620Z ` before the same line.
-        for (timed, expected) in timed.text().lines().zip(expected.lines()) {
+        assert_eq!(timed.lines().count(), expected.lines().count(), "{timed}");
+        for (timed, expected) in timed.lines().zip(expected.lines()) {
             let (stamp, rest) = timed.split_at(28);
             assert_eq!(rest, expected);
-            let shape = stamp.bytes().zip("0000-00-00T00:00:00.000000Z ".bytes());
+            let mut shape = stamp.bytes().zip("0000-00-00T00:00:00.000000Z ".bytes());
             assert!(
-                shape.clone().all(|(b, s)| if s == b'0' {
+                shape.all(|(b, s)| if s == b'0' {
                     b.is_ascii_digit()
                 } else {
                     b == s
@@ -309,6 +306,6 @@ mod tests {
         assert!(expected.contains(r#"workload="eval \"quoted\" back\\slash""#));
         assert!(expected.contains("DEBUG request{"), "{expected}");
         assert_eq!(plain.text(), expected);
-        assert_eq!(line.text(), expected, "the whole line (crate::log_line)");
+        assert_eq!(line, expected, "the whole line (crate::log_line)");
     }
 }

@@ -238,13 +238,8 @@ impl<'a> Walk<'a> {
             }
             self.eat(b':')?;
             member(self, key)?;
-            match self.peek()? {
-                b',' => self.at += 1,
-                b'}' => {
-                    self.at += 1;
-                    return Some(());
-                }
-                _ => return None,
+            if self.closes(b'}')? {
+                return Some(());
             }
         }
     }
@@ -257,15 +252,20 @@ impl<'a> Walk<'a> {
         }
         loop {
             item(self)?;
-            match self.peek()? {
-                b',' => self.at += 1,
-                b']' => {
-                    self.at += 1;
-                    return Some(());
-                }
-                _ => return None,
+            if self.closes(b']')? {
+                return Some(());
             }
         }
+    }
+
+    /// After an item: `Some(false)` past a `,`, `Some(true)` past `close`.
+    fn closes(&mut self, close: u8) -> Option<bool> {
+        let next = self.peek()?;
+        if next != b',' && next != close {
+            return None;
+        }
+        self.at += 1;
+        Some(next == close)
     }
 
     /// A plain unsigned integer, as serde reads a `u64`: no sign, fraction, exponent or
