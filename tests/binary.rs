@@ -581,10 +581,35 @@ async fn json_logs_carry_one_line_per_request_without_prompt_or_key() {
     assert_eq!(fields["model"], "llama-8b");
     assert_eq!(fields["key_prefix"], &secret[..12]);
     assert_eq!(fields["completion_tokens"], 3);
+    assert_eq!(finished["span"]["request_id"], request_id.as_str());
     let generated = completion["choices"][0]["text"].as_str().unwrap();
     assert!(
         !finished.to_string().contains(generated),
         "completion text in the log"
+    );
+
+    // A stream's line is written when its body ends, and carries the request's span too.
+    let body = serde_json::json!({"model": "llama-8b", "prompt": "PRIVATE-PROMPT", "max_tokens": 3, "stream": true});
+    let response = complete(&format!("http://{address}"), &secret, body).await;
+    let request_id = response.headers()["x-request-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        response
+            .text()
+            .await
+            .unwrap()
+            .trim_end()
+            .ends_with("data: [DONE]")
+    );
+    let finished = next_with("request finished");
+    assert_eq!(finished["fields"]["request_id"], request_id.as_str());
+    assert_eq!(finished["fields"]["completion_tokens"], 3);
+    assert_eq!(
+        finished["span"]["request_id"],
+        request_id.as_str(),
+        "{finished}"
     );
 }
 

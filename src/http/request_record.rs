@@ -43,6 +43,9 @@ struct Open {
     holders: u8,
     log: RequestLog,
     metrics: Metrics,
+    /// The request's span (see `request_span`), entered to write the line: a stream's
+    /// row is written when its body ends, after the handler's span has been left.
+    span: tracing::Span,
 }
 
 impl RequestRecord {
@@ -76,6 +79,7 @@ impl RequestRecord {
             holders: 1,
             log: state.request_log().clone(),
             metrics: state.metrics().clone(),
+            span: tracing::Span::current(),
         })))
     }
 
@@ -133,7 +137,7 @@ impl RequestRecord {
                 completion_tokens: open.row.completion_tokens,
                 latency,
             });
-            log_line(&open.row);
+            open.span.in_scope(|| log_line(&open.row));
             open.log.record(open.row.clone());
         }
     }

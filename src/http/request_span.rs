@@ -3,8 +3,9 @@
 //!
 //! Only the handler's future is instrumented, not the response body: tower-http's
 //! `TraceLayer` enters its span again for every frame of the body, which for a relayed
-//! stream is a registry look-up per SSE frame for nothing (the relay logs nothing
-//! while it streams). With traces on, the relay's own span is a child of this one and
+//! stream is a registry look-up per SSE frame for nothing: the relay logs nothing
+//! while it streams, and the request's line, written when a stream's body ends, enters
+//! the span itself (`request_record`). With traces on, the relay's own span is a child of this one and
 //! keeps it open until the stream ends, so the request's trace still covers the whole
 //! answer.
 
