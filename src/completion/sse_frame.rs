@@ -38,13 +38,23 @@ pub struct Choice {
 /// Reads the JSON payload of a `data:` frame into `frame`; false when it is not a
 /// completion chunk (an error event, or not JSON).
 pub fn read(data: &[u8], frame: &mut Frame) -> bool {
-    frame.choices.clear();
-    frame.usage = None;
+    frame.clear();
     if walk(data, frame).is_some() {
         return true;
     }
-    frame.choices.clear();
-    frame.usage = None;
+    frame.clear();
+    parse(data, frame)
+}
+
+impl Frame {
+    fn clear(&mut self) {
+        self.choices.clear();
+        self.usage = None;
+    }
+}
+
+/// What serde's derived deserializer reads of `data` into an empty `frame`.
+fn parse(data: &[u8], frame: &mut Frame) -> bool {
     let Ok(chunk) = serde_json::from_slice::<Chunk>(data) else {
         return false;
     };
@@ -334,17 +344,7 @@ mod tests {
     /// What serde alone makes of `data`.
     fn by_serde(data: &[u8]) -> Option<Frame> {
         let mut frame = Frame::default();
-        let chunk = serde_json::from_slice::<Chunk>(data).ok()?;
-        frame.usage = chunk.usage;
-        frame.choices = chunk
-            .choices
-            .iter()
-            .map(|c| Choice {
-                index: c.index,
-                logprob_tokens: c.logprobs.as_ref().map(|l| l.tokens.len() as u64),
-            })
-            .collect();
-        Some(frame)
+        parse(data, &mut frame).then_some(frame)
     }
 
     fn by_walk(data: &[u8]) -> Option<Frame> {

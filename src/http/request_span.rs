@@ -3,11 +3,10 @@
 //!
 //! Only the handler's future is instrumented, not the response body: tower-http's
 //! `TraceLayer` enters its span again for every frame of the body, which for a relayed
-//! stream is a registry look-up per SSE frame for nothing: the relay logs nothing
-//! while it streams, and the request's line, written when a stream's body ends, enters
-//! the span itself (`request_record`). With traces on, the relay's own span is a child of this one and
-//! keeps it open until the stream ends, so the request's trace still covers the whole
-//! answer.
+//! stream is a registry look-up per SSE frame for nothing. The relay logs nothing while
+//! it streams, and the request's line, written when a stream's body ends, enters the
+//! span itself (`request_record`, which holds it until then). So the span, and with
+//! traces on the request's trace, still covers the whole answer.
 
 use axum::extract::Request;
 use axum::middleware::Next;
