@@ -232,6 +232,12 @@ pub struct ConnectionSettings {
     /// 408 `request_timeout`.
     #[serde(default = "default_body_read_timeout_ms")]
     pub body_read_timeout_ms: u64,
+    /// Connection threads: each serves the connections given to it (a new one goes to
+    /// the thread with the fewest open) on a single-threaded runtime of its own, so that
+    /// a request never waits for a hand-off between threads. `0` serves them on the
+    /// process's shared worker threads instead. Default: one per CPU.
+    #[serde(default = "default_connection_threads")]
+    pub threads: usize,
 }
 
 impl Default for ConnectionSettings {
@@ -240,6 +246,7 @@ impl Default for ConnectionSettings {
             max_open: default_max_open_connections(),
             header_read_timeout_ms: default_header_read_timeout_ms(),
             body_read_timeout_ms: default_body_read_timeout_ms(),
+            threads: default_connection_threads(),
         }
     }
 }
@@ -489,6 +496,9 @@ fn default_header_read_timeout_ms() -> u64 {
 }
 fn default_body_read_timeout_ms() -> u64 {
     120_000
+}
+fn default_connection_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
 }
 fn default_true() -> bool {
     true

@@ -17,6 +17,10 @@
 //! 431 and a stream reset for a header list over the limit, a reset or GOAWAY with no
 //! response for a malformed one.
 //!
+//! Each accepted connection is served, from its first byte to its close, on one of the
+//! connection threads (`connections.threads`, one per CPU by default): the one with the
+//! fewest connections open when it is accepted (`lanes.rs`).
+//!
 //! An HTTP/1 connection quiet for a moment after its last answer is handed back by hyper,
 //! so that an idle keep-alive connection holds no more than its socket and a waiting
 //! task (`client.rs`).
@@ -41,8 +45,11 @@ use crate::metrics::{ConnectionRefusal, Metrics};
 mod client;
 mod exchange;
 mod head_errors;
+mod lanes;
 mod prefixed;
 mod refusals;
+
+pub use lanes::Lanes;
 
 use client::Serving;
 #[cfg(doc)]
@@ -55,14 +62,15 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 /// Refusals are logged as counts at most this often.
 const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(1);
 
-/// Serves `router` on `listener` until `stop` resolves; then accepts no more
-/// connections, lets every open one finish the requests it has (HTTP/1 connections
-/// close after their current response, HTTP/2 ones get a GOAWAY), and returns once all
-/// are closed.
+/// Serves `router` on `listener` until `stop` resolves, each connection on one of
+/// `lanes`; then accepts no more connections, lets every open one finish the requests
+/// it has (HTTP/1 connections close after their current response, HTTP/2 ones get a
+/// GOAWAY), and returns once all are closed.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     settings: &ConnectionSettings,
+    lanes: &Lanes,
     metrics: Metrics,
     stop: impl Future<Output = ()>,
 ) {
@@ -109,7 +117,7 @@ pub async fn serve(
         }
         let routed = exchange::routed(router.clone(), remote);
         let (serving, metrics) = (Arc::clone(&serving), metrics.clone());
-        connections.spawn(async move {
+        lanes.serve(&connections, tcp, |tcp| async move {
             let _open = metrics.connection_open();
             serving.serve(tcp, routed).await;
             drop(slot);

@@ -138,6 +138,9 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    // Dropped at the end, after the last settlement: requests' tasks run on the lanes.
+    let lanes = crate::connections::Lanes::start(state.config().connections.threads)
+        .context("cannot start the connection threads")?;
     // Before anything slow: from here on, SIGHUP reloads instead of ending the process.
     let reloads = crate::reload::on_hangup(state.clone()).map(tokio::spawn);
     let probes = state.prober();
@@ -182,7 +185,14 @@ pub async fn serve(
         stop_jobs.cancelled().await;
         workers.shutdown(grace).await;
     };
-    let server = crate::connections::serve(listener, router, &connections, metrics, stop_accepting);
+    let server = crate::connections::serve(
+        listener,
+        router,
+        &connections,
+        &lanes,
+        metrics,
+        stop_accepting,
+    );
     // Once asked to stop: no new connections; in-flight requests get `grace` to finish.
     // Then the rest are cut: their bodies end (an error, so no client mistakes a cut
     // answer for a whole one) and their settlements run below like any other.
@@ -245,6 +255,7 @@ pub async fn serve(
         dropped = stats.dropped,
         "request log closed"
     );
+    drop(lanes);
     Ok(())
 }
 

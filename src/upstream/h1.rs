@@ -11,11 +11,12 @@
 //! query) stays on reqwest.
 //!
 //! What it does: a keep-alive pool per host (idle connections closed after the idle
-//! timeout, at most [`MAX_IDLE_PER_HOST`] kept), `Content-Length`, chunked and
-//! close-delimited bodies, and a request whose reused connection turns out closed
-//! before any answer retried once on a new connection (the node closed it while idle;
-//! hyper does the same). What it leaves out, since vLLM needs none of it: redirects,
-//! proxies, compression, TLS, trailers (read and dropped).
+//! timeout, at most [`MAX_IDLE_PER_HOST`] kept, each reused only on the runtime that
+//! made it), `Content-Length`, chunked and close-delimited bodies, and a request whose
+//! reused connection turns out closed before any answer retried once on a new
+//! connection (the node closed it while idle; hyper does the same). What it leaves out,
+//! since vLLM needs none of it: redirects, proxies, compression, TLS, trailers (read and
+//! dropped).
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, IoSlice, Write as _};
@@ -29,6 +30,7 @@ use futures_util::Stream;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
+use tokio::runtime::Id as RuntimeId;
 
 /// A response head longer than this is refused.
 const MAX_HEAD: usize = 64 * 1024;
@@ -69,6 +71,45 @@ struct Pool {
 struct Idle {
     stream: TcpStream,
     since: Instant,
+    runtime: Option<RuntimeId>,
+}
+
+/// Where a connection takes a pooled one from and returns it to (see [`runtime`]).
+struct Home {
+    pool: Arc<Pool>,
+    authority: String,
+    runtime: Option<RuntimeId>,
+}
+
+/// The runtime whose reactor a socket made now is registered with. A pooled connection
+/// is only reused on that runtime: each connection thread (`connections/lanes.rs`) is a
+/// runtime of its own, and a socket registered with another's reactor would have its
+/// readiness delivered by that thread, a wake-up between threads for every read.
+fn runtime() -> Option<RuntimeId> {
+    tokio::runtime::Handle::try_current().ok().map(|h| h.id())
+}
+
+impl Home {
+    /// Returns a connection whose answer was read to its end to the pool.
+    fn checkin(self, stream: TcpStream) {
+        let mut idle = self.pool.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let list = idle.entry(self.authority).or_default();
+        // The oldest are at the front.
+        while list
+            .front()
+            .is_some_and(|c| c.since.elapsed() >= self.pool.idle_timeout)
+        {
+            list.pop_front();
+        }
+        if list.len() >= MAX_IDLE_PER_HOST {
+            list.pop_front();
+        }
+        list.push_back(Idle {
+            stream,
+            since: Instant::now(),
+            runtime: self.runtime,
+        });
+    }
 }
 
 /// An `http://host[:port][/base]` URL this client can reach, split for a request.
@@ -153,9 +194,10 @@ impl Client {
             head.extend_from_slice(b"\r\n");
         }
         head.extend_from_slice(b"\r\n");
-        if let Some(stream) = self.pool.checkout(target.authority) {
+        let runtime = runtime();
+        if let Some(stream) = self.pool.checkout(target.authority, runtime) {
             match exchange(stream, &head, body).await {
-                Ok(answer) => return Ok(self.response(target, answer)),
+                Ok(answer) => return Ok(self.response(target, answer, runtime)),
                 // Closed by the node while it sat idle: once more on a new connection.
                 Err(Error::Closed | Error::Io(_)) => {}
                 Err(err) => return Err(err),
@@ -163,7 +205,7 @@ impl Client {
         }
         let stream = self.connect(target).await?;
         let answer = exchange(stream, &head, body).await?;
-        Ok(self.response(target, answer))
+        Ok(self.response(target, answer, runtime))
     }
 
     async fn connect(&self, target: Target<'_>) -> Result<TcpStream, Error> {
@@ -177,7 +219,7 @@ impl Client {
         Ok(stream)
     }
 
-    fn response(&self, target: Target<'_>, answer: Answer) -> Response {
+    fn response(&self, target: Target<'_>, answer: Answer, runtime: Option<RuntimeId>) -> Response {
         Response {
             status: answer.status,
             content_type: answer.content_type,
@@ -190,42 +232,34 @@ impl Client {
                 buf: answer.buf,
                 framing: answer.framing,
                 reusable: answer.reusable,
-                home: Some((Arc::clone(&self.pool), target.authority.to_owned())),
+                home: Some(Home {
+                    pool: Arc::clone(&self.pool),
+                    authority: target.authority.to_owned(),
+                    runtime,
+                }),
             },
         }
     }
 }
 
 impl Pool {
-    /// The most recently used idle connection to `authority` that is still open.
-    fn checkout(&self, authority: &str) -> Option<TcpStream> {
+    /// The most recently used idle connection to `authority` made on `runtime` that is
+    /// still open.
+    fn checkout(&self, authority: &str, runtime: Option<RuntimeId>) -> Option<TcpStream> {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         let list = idle.get_mut(authority)?;
-        while let Some(conn) = list.pop_back() {
+        let mut at = list.len();
+        while at > 0 {
+            at -= 1;
+            if list[at].runtime != runtime {
+                continue;
+            }
+            let Some(conn) = list.remove(at) else { break };
             if conn.since.elapsed() < self.idle_timeout && is_open(&conn.stream) {
                 return Some(conn.stream);
             }
         }
         None
-    }
-
-    fn checkin(&self, authority: String, stream: TcpStream) {
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let list = idle.entry(authority).or_default();
-        // The oldest are at the front.
-        while list
-            .front()
-            .is_some_and(|c| c.since.elapsed() >= self.idle_timeout)
-        {
-            list.pop_front();
-        }
-        if list.len() >= MAX_IDLE_PER_HOST {
-            list.pop_front();
-        }
-        list.push_back(Idle {
-            stream,
-            since: Instant::now(),
-        });
     }
 }
 
@@ -418,7 +452,7 @@ pub struct Body {
     buf: BytesMut,
     framing: Framing,
     reusable: bool,
-    home: Option<(Arc<Pool>, String)>,
+    home: Option<Home>,
 }
 
 impl Body {
@@ -485,11 +519,11 @@ impl Body {
     fn finished(&mut self) {
         self.framing = Framing::Done;
         let stream = self.stream.take();
-        if let (Some(stream), Some((pool, authority))) = (stream, self.home.take())
+        if let (Some(stream), Some(home)) = (stream, self.home.take())
             && self.reusable
             && self.buf.is_empty()
         {
-            pool.checkin(authority, stream);
+            home.checkin(stream);
         }
     }
 }
@@ -815,6 +849,44 @@ mod tests {
             );
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    /// Each connection thread is a runtime of its own: a connection made on one is
+    /// never handed to another (its reads would be woken by the first's thread).
+    #[tokio::test]
+    async fn a_pooled_connection_is_reused_only_on_the_runtime_that_made_it() {
+        let (url, accepted) = node(SSE, None).await;
+        let client = client();
+        let other = Arc::new(
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap(),
+        );
+        let on_other = || {
+            let (client, url, other) = (client.clone(), url.clone(), Arc::clone(&other));
+            tokio::task::spawn_blocking(move || {
+                other.block_on(async { post(&client, &url).await.map(|a| a.1) })
+            })
+        };
+        assert_eq!(post(&client, &url).await.unwrap().1, b"data: a\n\n");
+        assert_eq!(on_other().await.unwrap().unwrap(), b"data: a\n\n");
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "one connection per runtime"
+        );
+        post(&client, &url).await.unwrap();
+        on_other().await.unwrap().unwrap();
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "each runtime reused its own"
+        );
+        // A runtime cannot be dropped on a runtime's thread.
+        tokio::task::spawn_blocking(move || drop(other))
+            .await
+            .unwrap();
     }
 
     #[tokio::test]
