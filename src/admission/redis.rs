@@ -93,6 +93,7 @@ use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::{Client, RedisError, RedisResult, Script, ScriptInvocation};
 use async_trait::async_trait;
 use futures_util::StreamExt as _;
+use tokio::runtime::{Handle, Id as RuntimeId};
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
@@ -176,7 +177,7 @@ pub struct RedisLimiter {
     config: ConnectionManagerConfig,
     /// Created on first use (it needs the Tokio runtime); reconnects by itself, and is
     /// replaced after a failure.
-    connection: Mutex<Connection>,
+    connection: Mutex<Connections>,
     prefix: String,
     channel: String,
     source: Arc<dyn UsageSource>,
@@ -188,10 +189,15 @@ pub struct RedisLimiter {
     journal: journal::JournalKeys,
 }
 
+/// One connection per runtime: a connection's replies are read by a task on the
+/// runtime that made it, and each connection thread is a runtime of its own
+/// (`connections/lanes.rs`), so a call from another would wait for that thread to
+/// wake it, twice per round trip.
 #[derive(Default)]
-struct Connection {
+struct Connections {
     generation: u64,
-    manager: Option<ConnectionManager>,
+    /// The runtime, the connection's generation, the connection.
+    made: Vec<(Option<RuntimeId>, u64, ConnectionManager)>,
 }
 
 struct Scripts {
@@ -247,7 +253,7 @@ impl RedisLimiter {
         Ok(Self {
             client,
             config,
-            connection: Mutex::new(Connection::default()),
+            connection: Mutex::new(Connections::default()),
             prefix: key_prefix.to_owned(),
             channel: format!("{key_prefix}:wake"),
             source,
@@ -284,18 +290,21 @@ impl RedisLimiter {
         format!("{}:{{{key}}}:used:{month}", self.prefix)
     }
 
-    /// The shared connection, with its generation (for [`RedisLimiter::discard`]).
+    /// The calling runtime's connection, with its generation (for
+    /// [`RedisLimiter::discard`]).
     fn connection(&self) -> Result<(u64, ConnectionManager), Denial> {
+        let runtime = Handle::try_current().ok().map(|h| h.id());
         let mut slot = self.connection.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(manager) = slot.manager.as_ref() {
-            return Ok((slot.generation, manager.clone()));
+        if let Some((_, generation, manager)) = slot.made.iter().find(|(r, ..)| *r == runtime) {
+            return Ok((*generation, manager.clone()));
         }
         let created =
             ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
                 .map_err(|e| unavailable("connection setup", &e))?;
         slot.generation += 1;
-        slot.manager = Some(created.clone());
-        Ok((slot.generation, created))
+        let generation = slot.generation;
+        slot.made.push((runtime, generation, created.clone()));
+        Ok((generation, created))
     }
 
     /// Drops a connection that failed, so the next call starts a fresh one. (The manager
@@ -303,9 +312,7 @@ impl RedisLimiter {
     /// otherwise, say on a garbled handshake, would stay failed.)
     fn discard(&self, generation: u64) {
         let mut slot = self.connection.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.generation == generation {
-            slot.manager = None;
-        }
+        slot.made.retain(|(_, made, _)| *made != generation);
     }
 
     /// Runs one Redis call on the shared connection, bounded in time; any failure is
