@@ -8,6 +8,7 @@
 //! counted twice.
 
 use std::sync::Arc;
+use std::task::{Context, Waker};
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
@@ -140,10 +141,11 @@ impl Settlement {
         }
     }
 
-    /// Settles (idempotent) on a tracked task, so that it completes even when the
-    /// request's own future is gone. The handle resolves once the slot is released and
-    /// the usage row queued for the ledger (or the release handed to the background
-    /// retry); `None` when already settled.
+    /// Settles (idempotent): at once when the limiter answers without waiting (in
+    /// process), else on a tracked task, so that it completes even when the request's
+    /// own future is gone. The handle resolves once the slot is released and the usage
+    /// row queued for the ledger (or the release handed to the background retry); `None`
+    /// when that is already done.
     pub fn settle(&mut self) -> Option<JoinHandle<()>> {
         if std::mem::replace(&mut self.settled, true) {
             return None;
@@ -158,7 +160,7 @@ impl Settlement {
         let limiter: Arc<dyn Limiter> = state.limiter_handle();
         let (key, lease, grant) = (self.key, self.lease.clone(), self.grant.clone());
         let usage_id = self.usage_id.take().unwrap_or_else(|| lease.clone());
-        Some(self.state.tasks().spawn(async move {
+        let mut settling = Box::pin(async move {
             let row = UsageRow {
                 key_id: key,
                 request_id: usage_id,
@@ -174,7 +176,15 @@ impl Settlement {
                     .tasks()
                     .spawn(settle_until_confirmed(limiter, key, lease, grant, row));
             }
-        }))
+        });
+        // A task of its own costs a spawn and a wake-up of the request's task when it
+        // ends, per request; the in-process limiter never needs one. A settlement that
+        // does wait is spawned, and its first poll there registers the task's waker.
+        let mut cx = Context::from_waker(Waker::noop());
+        if settling.as_mut().poll(&mut cx).is_ready() {
+            return None;
+        }
+        Some(self.state.tasks().spawn(settling))
     }
 }
 
