@@ -107,6 +107,7 @@ pub async fn relay(
         settling: None,
         end: None,
         yielded: false,
+        first_out: FirstOut::Ahead,
         ended: false,
         timing,
         first_seen: false,
@@ -161,6 +162,17 @@ fn cut_short(reason: &str) -> ApiError {
     }
 }
 
+/// The first bytes relayed go out at once. hyper writes what it holds only when the
+/// body has nothing more for it or its buffer is full (16 pieces), so a fast stream's
+/// first frame would wait until up to 16 gathers of what follows had been read and
+/// metered: the body yields once after its first piece, and hyper writes it.
+#[derive(PartialEq)]
+enum FirstOut {
+    Ahead,
+    Handed,
+    Written,
+}
+
 struct Metered {
     inner: ByteStream,
     settlement: Settlement,
@@ -174,6 +186,7 @@ struct Metered {
     end: Option<Option<io::Error>>,
     /// Whether the body has yielded once before relaying an error seen while gathering.
     yielded: bool,
+    first_out: FirstOut,
     ended: bool,
     timing: Timing,
     first_seen: bool,
@@ -200,6 +213,11 @@ impl Stream for Metered {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
+        if this.first_out == FirstOut::Handed {
+            this.first_out = FirstOut::Written;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
         loop {
             if let Some(rest) = this.rest.take() {
                 return Poll::Ready(Some(Ok(rest)));
@@ -246,6 +264,9 @@ impl Stream for Metered {
                         let out = this.settlement.meter.take();
                         if !out.is_empty() {
                             this.since_cut_check += 1;
+                            if this.first_out == FirstOut::Ahead {
+                                this.first_out = FirstOut::Handed;
+                            }
                             return Poll::Ready(Some(Ok(out)));
                         }
                         continue;
