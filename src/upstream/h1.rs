@@ -39,8 +39,13 @@ const MAX_HEADERS: usize = 64;
 const MAX_LINE: usize = 4096;
 /// Idle connections kept per host; more are closed when returned.
 const MAX_IDLE_PER_HOST: usize = 256;
-/// Room made in the read buffer before each read.
+/// The read buffer's size: a new one is made when less than [`READ_MIN`] of it is left.
 const READ_SIZE: usize = 16 * 1024;
+/// The least room a read is given. Each piece of a body is split off the read buffer and
+/// relayed as it is, keeping the buffer's memory until written; so a buffer made anew
+/// before every read would be an allocation per SSE frame of a paced stream, where
+/// reads fill the room left after the frames before them, ~40 frames to a buffer.
+const READ_MIN: usize = 4 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -326,8 +331,15 @@ async fn write_all(stream: &mut TcpStream, mut slices: &mut [IoSlice<'_>]) -> io
 
 async fn read_more(stream: &mut TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
     use tokio::io::AsyncReadExt;
-    buf.reserve(READ_SIZE);
+    make_room(buf);
     stream.read_buf(buf).await
+}
+
+/// At least [`READ_MIN`] of room for the next read (see there).
+fn make_room(buf: &mut BytesMut) {
+    if buf.capacity() - buf.len() < READ_MIN {
+        buf.reserve(READ_SIZE);
+    }
 }
 
 /// What a parsed head says.
@@ -586,7 +598,7 @@ impl Stream for Body {
             let Some(stream) = this.stream.as_mut() else {
                 return Poll::Ready(None);
             };
-            this.buf.reserve(READ_SIZE);
+            make_room(&mut this.buf);
             let read = ready!(tokio_util::io::poll_read_buf(
                 Pin::new(stream),
                 cx,
