@@ -270,9 +270,7 @@ impl JsonMeter {
     fn usage(&self) -> Option<Counts> {
         const KEY: &[u8] = b"\"usage\":";
         let at = memchr::memmem::rfind(&self.tail, KEY)?;
-        let mut values = serde_json::Deserializer::from_slice(&self.tail[at + KEY.len()..])
-            .into_iter::<Counts>();
-        values.next()?.ok()
+        sse_frame::usage(&self.tail[at + KEY.len()..])
     }
 }
 

@@ -1,4 +1,5 @@
-//! What one SSE frame of a completion stream says about tokens.
+//! What one SSE frame of a completion stream says about tokens (and, by [`usage`], what
+//! the usage object at the end of a whole JSON answer says).
 //!
 //! The meter reads every frame it relays (see `meter`). A vLLM frame is ~300 bytes of
 //! JSON with a dozen keys, of which four matter here; serde_json's derived
@@ -44,6 +45,17 @@ pub fn read(data: &[u8], frame: &mut Frame) -> bool {
     }
     frame.clear();
     parse(data, frame)
+}
+
+/// The token counts of the usage object `data` starts with (what follows it is not
+/// read), walked as a frame is and left to serde when the walk meets anything it does
+/// not expect; `None` when it is not a usage object. For a whole JSON answer's usage,
+/// which the JSON meter finds at its end.
+pub fn usage(data: &[u8]) -> Option<Counts> {
+    counts(&mut Walk { bytes: data, at: 0 }).or_else(|| {
+        let mut values = serde_json::Deserializer::from_slice(data).into_iter::<Counts>();
+        values.next()?.ok()
+    })
 }
 
 impl Frame {
@@ -488,6 +500,64 @@ mod tests {
         assert!(
             walked > 1_000,
             "the walk read only {walked} of the frames itself"
+        );
+    }
+
+    #[test]
+    fn a_usage_object_reads_as_serde_reads_it() {
+        let by_serde = |data: &str| {
+            let mut values =
+                serde_json::Deserializer::from_slice(data.as_bytes()).into_iter::<Counts>();
+            values.next().and_then(Result::ok)
+        };
+        let usages = [
+            r#"{"prompt_tokens":7,"total_tokens":9,"completion_tokens":2,"prompt_tokens_details":null},"kv_transfer_params":null}"#,
+            r#" { "completion_tokens" : 0 , "prompt_tokens" : 18446744073709551615 } }"#,
+            r#"{"\u0070rompt_tokens":1,"completion_tokens":2}}"#,
+            r#"{"prompt_tokens":1,"completion_tokens":2,"prompt_tokens":3}"#,
+            r#"{"prompt_tokens":1}"#,
+            r#"{"prompt_tokens":1,"completion_tokens":-2}"#,
+            r#"null,"x":1}"#,
+            r#"[]"#,
+        ];
+        for data in usages {
+            assert_eq!(usage(data.as_bytes()), by_serde(data), "{data}");
+        }
+        assert_eq!(
+            usage(usages[0].as_bytes()),
+            Some(Counts {
+                prompt_tokens: 7,
+                completion_tokens: 2
+            })
+        );
+        // Objects of usage's keys and others, most values counts, some anything.
+        const KEYS: &[&str] = &[
+            "prompt_tokens",
+            "completion_tokens",
+            "total_tokens",
+            "prompt_tokens_details",
+        ];
+        let (mut seed, mut read) = (0x2545_F491_4F6C_DD1D, 0);
+        for _ in 0..20_000 {
+            let object: serde_json::Map<_, _> = (0..next(&mut seed, 5))
+                .map(|_| {
+                    let key = KEYS[next(&mut seed, KEYS.len() as u64) as usize].to_string();
+                    let value = if next(&mut seed, 4) == 0 {
+                        random_value(&mut seed, 1)
+                    } else {
+                        serde_json::json!(next(&mut seed, u64::MAX))
+                    };
+                    (key, value)
+                })
+                .collect();
+            let data = format!("{}, \"then\": 1}}", serde_json::Value::Object(object));
+            let counts = usage(data.as_bytes());
+            assert_eq!(counts, by_serde(&data), "{data}");
+            read += usize::from(counts.is_some());
+        }
+        assert!(
+            read > 2_000,
+            "only {read} random objects were usage objects"
         );
     }
 
