@@ -497,6 +497,9 @@ fn default_header_read_timeout_ms() -> u64 {
 fn default_body_read_timeout_ms() -> u64 {
     120_000
 }
+/// More connection threads than this is a typo, not a machine.
+const MAX_CONNECTION_THREADS: usize = 1024;
+
 fn default_connection_threads() -> usize {
     std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
 }
@@ -722,6 +725,12 @@ impl Config {
                 "connections.max_open, header_read_timeout_ms and body_read_timeout_ms must be at least 1".into(),
             );
         }
+        if connections.threads > MAX_CONNECTION_THREADS {
+            return invalid(format!(
+                "connections.threads must be at most {MAX_CONNECTION_THREADS} (got {}; 0 serves connections on the shared worker threads)",
+                connections.threads
+            ));
+        }
         let fleet = &self.fleet;
         if fleet.probe_interval_ms == 0
             || fleet.probe_timeout_ms == 0
@@ -900,6 +909,27 @@ mod tests {
         ] {
             assert_eq!(sqlite_relative_to(kept, dir), kept);
         }
+    }
+
+    fn connections(keys: &str) -> Result<Config, ConfigError> {
+        Config::from_toml(&format!(
+            "[connections]\n{keys}\n[[models]]\nid = \"m\"\n[[models.upstreams]]\nurl = \"http://127.0.0.1:1\"\ngpu = \"g\"\n"
+        ))
+    }
+
+    #[test]
+    fn connection_threads_default_to_one_per_cpu_and_are_bounded() {
+        let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        assert_eq!(connections("").unwrap().connections.threads, cpus);
+        assert_eq!(connections("threads = 0").unwrap().connections.threads, 0);
+        let refused = connections("threads = 100000")
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            refused.contains("connections.threads must be at most 1024 (got 100000"),
+            "{refused}"
+        );
     }
 
     fn traces(keys: &str) -> Result<Config, ConfigError> {
