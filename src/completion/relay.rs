@@ -168,8 +168,11 @@ fn cut_short(reason: &str) -> ApiError {
 /// metered: the body yields once after its first piece, and hyper writes it.
 #[derive(PartialEq)]
 enum FirstOut {
+    /// Nothing relayed yet.
     Ahead,
+    /// The first piece is with hyper: the next poll yields.
     Handed,
+    /// Yielded; hyper wrote it.
     Written,
 }
 
