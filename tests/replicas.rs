@@ -544,7 +544,9 @@ async fn key_changes_reach_both_replicas_within_a_second() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs PostgreSQL and Redis (set TEST_POSTGRES_URL, TEST_REDIS_URL)"]
 async fn a_postgres_outage_stops_no_traffic_and_loses_no_usage() {
-    let cluster = Cluster::start("pgout", 0, &[]).await;
+    // Requests back to back for 2 s: the default rate limit (600 a minute, in bursts of
+    // as many) is not what this test is about.
+    let cluster = Cluster::start("pgout", 0, &["--rpm", "1000000"]).await;
     let api = &cluster.api;
     let body = json!({"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 2});
     let mut told = 0;
