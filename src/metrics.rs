@@ -714,7 +714,8 @@ struct UpstreamSeries {
     duration: OnceLock<Histogram>,
     /// By [`UpstreamOutcome`], in its order.
     outcomes: [OnceLock<Counter>; 4],
-    /// The families, to resolve the rest from.
+    /// The families, to resolve the rest from (not a [`Metrics`] handle: the series are
+    /// kept inside it, and holding one would make a cycle that is never freed).
     ttfb_family: HistogramFamily<UpstreamLabels>,
     duration_family: HistogramFamily<UpstreamLabels>,
     requests_family: Family<OutcomeLabels, Counter>,

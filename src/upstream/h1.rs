@@ -253,13 +253,8 @@ impl Pool {
     fn checkout(&self, authority: &str, runtime: Option<RuntimeId>) -> Option<TcpStream> {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         let list = idle.get_mut(authority)?;
-        let mut at = list.len();
-        while at > 0 {
-            at -= 1;
-            if list[at].runtime != runtime {
-                continue;
-            }
-            let Some(conn) = list.remove(at) else { break };
+        while let Some(at) = list.iter().rposition(|c| c.runtime == runtime) {
+            let conn = list.remove(at)?;
             if conn.since.elapsed() < self.idle_timeout && is_open(&conn.stream) {
                 return Some(conn.stream);
             }
