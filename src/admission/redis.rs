@@ -3,7 +3,9 @@
 //!
 //! Every decision is one Lua script (EVALSHA; loaded again by itself after a Redis
 //! restart), so it is atomic across replicas and costs one round trip; "now" is Redis's
-//! own clock (`TIME`), shared by all replicas.
+//! own clock (`TIME`), shared by all replicas. The scripts run on a connection of their
+//! own per runtime ([`wire`]), the rest (seeding, the journal, the subscription) on the
+//! `redis` crate's.
 //!
 //! # Data layout
 //!
@@ -90,7 +92,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use ::redis::{Client, RedisError, RedisResult, Script, ScriptInvocation};
+use ::redis::{Client, RedisError, RedisResult};
 use async_trait::async_trait;
 use futures_util::StreamExt as _;
 use tokio::runtime::{Handle, Id as RuntimeId};
@@ -98,6 +100,7 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
 pub mod journal;
+mod wire;
 
 use super::{Admitted, Cost, Denial, Grant, KeyLimits, Lease, Limiter, Month, Usage, UsageSource};
 use super::{QUEUE_FULL_RETRY_AFTER, QUEUE_PLACE_GONE};
@@ -131,7 +134,7 @@ const DONE: i64 = 8;
 
 macro_rules! script {
     ($file:literal) => {
-        Script::new(concat!(
+        wire::Script::new(concat!(
             include_str!("redis/common.lua"),
             include_str!(concat!("redis/", $file))
         ))
@@ -175,6 +178,8 @@ pub struct InvalidRedisUrl(String);
 pub struct RedisLimiter {
     client: Client,
     config: ConnectionManagerConfig,
+    /// Where the scripts' connections ([`wire::Pipe`]) connect to.
+    endpoint: Arc<wire::Endpoint>,
     /// Created on first use (it needs the Tokio runtime); reconnects by itself, and is
     /// replaced after a failure.
     connection: Mutex<Connections>,
@@ -200,16 +205,18 @@ struct Connections {
     generation: u64,
     /// The runtime, the connection's generation, the connection.
     made: Vec<(Option<RuntimeId>, u64, ConnectionManager)>,
+    /// The same for the scripts' connections.
+    pipes: Vec<(Option<RuntimeId>, u64, wire::Pipe)>,
 }
 
 struct Scripts {
-    admit: Script,
-    turn: Script,
-    leave: Script,
-    finish: Script,
-    renew: Script,
-    usage: Script,
-    occupancy: Script,
+    admit: wire::Script,
+    turn: wire::Script,
+    leave: wire::Script,
+    finish: wire::Script,
+    renew: wire::Script,
+    usage: wire::Script,
+    occupancy: wire::Script,
 }
 
 /// Redis key names of one API key.
@@ -247,6 +254,8 @@ impl RedisLimiter {
         options: RedisLimiterOptions,
     ) -> Result<Self, InvalidRedisUrl> {
         let client = Client::open(url).map_err(|e| InvalidRedisUrl(e.to_string()))?;
+        let endpoint = wire::Endpoint::of(client.get_connection_info(), options.connect_timeout)
+            .ok_or_else(|| InvalidRedisUrl("TLS connections are not supported".to_owned()))?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.connect_timeout))
             .set_response_timeout(Some(options.call_timeout))
@@ -255,6 +264,7 @@ impl RedisLimiter {
         Ok(Self {
             client,
             config,
+            endpoint: Arc::new(endpoint),
             connection: Mutex::new(Connections::default()),
             prefix: key_prefix.to_owned(),
             channel: format!("{key_prefix}:wake"),
@@ -323,6 +333,22 @@ impl RedisLimiter {
     fn discard(&self, generation: u64) {
         let mut slot = self.connection.lock().unwrap_or_else(|p| p.into_inner());
         slot.made.retain(|(_, made, _)| *made != generation);
+        slot.pipes.retain(|(_, made, _)| *made != generation);
+    }
+
+    /// The calling runtime's connection for scripts, with its generation; opened (in
+    /// the background) on first use.
+    fn pipe(&self) -> (u64, wire::Pipe) {
+        let runtime = Handle::try_current().ok().map(|h| h.id());
+        let mut slot = self.connection.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, generation, pipe)) = slot.pipes.iter().find(|(r, ..)| *r == runtime) {
+            return (*generation, pipe.clone());
+        }
+        let pipe = wire::Pipe::open(Arc::clone(&self.endpoint));
+        slot.generation += 1;
+        let generation = slot.generation;
+        slot.pipes.push((runtime, generation, pipe.clone()));
+        (generation, pipe)
     }
 
     /// Runs one Redis call on the shared connection, bounded in time; any failure is
@@ -355,15 +381,45 @@ impl RedisLimiter {
         self.options.connect_timeout + 2 * self.options.call_timeout
     }
 
-    async fn invoke(
-        &self,
-        what: &str,
-        invocation: &ScriptInvocation<'_>,
-    ) -> Result<Vec<i64>, Denial> {
-        self.call(what, |mut connection| async move {
-            invocation.invoke_async(&mut connection).await
-        })
-        .await
+    /// Runs a script on the calling runtime's script connection: each request bounded
+    /// by the call timeout (and the connect timeout while the connection is not up yet),
+    /// the script loaded and run again if Redis does not know it. Any failure is
+    /// `Unavailable`, and drops the connection.
+    async fn invoke(&self, what: &str, call: &wire::ScriptCall<'_>) -> Result<Vec<i64>, Denial> {
+        let (generation, pipe) = self.pipe();
+        let outcome = match self.request(&pipe, call.request()).await {
+            Ok(wire::Reply::Error(e)) if e.starts_with("NOSCRIPT") => {
+                match self.request(&pipe, call.script().load_request()).await {
+                    Ok(wire::Reply::Error(e)) => Err(e),
+                    Ok(_) => self.request(&pipe, call.request()).await,
+                    Err(e) => Err(e),
+                }
+            }
+            other => other,
+        };
+        let failure = match outcome {
+            Ok(wire::Reply::Ints(reply)) => return Ok(reply),
+            Ok(wire::Reply::Error(e)) => e,
+            Ok(_) => "an unexpected reply to a limiter script".to_owned(),
+            Err(e) => e,
+        };
+        self.discard(generation);
+        Err(Denial::Unavailable(format!(
+            "redis {what}: {}",
+            failure.split_whitespace().collect::<Vec<_>>().join(" ")
+        )))
+    }
+
+    /// One request on `pipe`, bounded in time.
+    async fn request(&self, pipe: &wire::Pipe, bytes: Vec<u8>) -> Result<wire::Reply, String> {
+        let mut bound = self.options.call_timeout;
+        if !pipe.connected() {
+            bound += self.options.connect_timeout;
+        }
+        match tokio::time::timeout(bound, pipe.request(bytes)).await {
+            Ok(reply) => reply,
+            Err(_) => Err(format!("no answer within {} ms", bound.as_millis())),
+        }
     }
 
     /// Initialises a missing used counter from the ledger (never overwriting one that
@@ -410,7 +466,7 @@ impl RedisLimiter {
     /// the lease and where to announce a change.
     fn start_args(
         &self,
-        invocation: &mut ScriptInvocation<'_>,
+        invocation: &mut wire::ScriptCall<'_>,
         k: &Keys,
         limits: &KeyLimits,
         cost: &Cost,
@@ -438,7 +494,7 @@ impl RedisLimiter {
         month: Month,
     ) -> Result<Turn, Denial> {
         let k = self.keys(key);
-        let mut invocation = self.scripts.turn.prepare_invoke();
+        let mut invocation = self.scripts.turn.call();
         invocation
             .key(&k.run)
             .key(&k.grants)
@@ -468,7 +524,7 @@ impl RedisLimiter {
         row: Option<&UsageRow>,
     ) -> Result<(), Denial> {
         let k = self.keys(key);
-        let mut invocation = self.scripts.finish.prepare_invoke();
+        let mut invocation = self.scripts.finish.call();
         invocation
             .key(&k.run)
             .key(&k.grants)
@@ -530,7 +586,7 @@ impl Limiter for RedisLimiter {
         let month = Month::now();
         let k = self.keys(key);
         for _ in 0..=MAX_SEEDS {
-            let mut invocation = self.scripts.admit.prepare_invoke();
+            let mut invocation = self.scripts.admit.call();
             invocation
                 .key(&k.rate)
                 .key(&k.run)
@@ -603,6 +659,7 @@ impl Limiter for RedisLimiter {
                 "leave",
                 self.scripts
                     .leave
+                    .call()
                     .key(&k.run)
                     .key(&k.grants)
                     .key(&k.queue)
@@ -643,6 +700,7 @@ impl Limiter for RedisLimiter {
                 "renew",
                 self.scripts
                     .renew
+                    .call()
                     .key(&k.run)
                     .key(&k.grants)
                     .key(&k.queue)
@@ -668,6 +726,7 @@ impl Limiter for RedisLimiter {
                     "usage",
                     self.scripts
                         .usage
+                        .call()
                         .key(&k.run)
                         .key(&k.grants)
                         .key(&k.queue)
@@ -699,6 +758,7 @@ impl Limiter for RedisLimiter {
                 "occupancy",
                 self.scripts
                     .occupancy
+                    .call()
                     .key(&k.run)
                     .key(&k.grants)
                     .key(&k.queue)
