@@ -1098,11 +1098,60 @@ async fn recovers_when_redis_returns() {
     b.finish(1, "d", &d, 1).await.unwrap();
 }
 
+/// A Redis with a password, and the limiter on a database other than 0: its
+/// connections authenticate and select that database (the scripts' as well as the
+/// seeding's, or the counter the one seeds would never be the one the scripts read); a
+/// wrong password refuses every call, as a Redis that is down does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis-server on PATH"]
+async fn authenticates_and_selects_its_database() {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let base = format!("redis://:s3cret@127.0.0.1:{port}");
+    let _server = RedisServer::start_with(port, &["--requirepass", "s3cret"], &base).await;
+    let ledger = Arc::new(Ledger::default());
+    let month = Month::now();
+    ledger.set(1, month, 100);
+    let limiter =
+        RedisLimiter::connect(&format!("{base}/2"), "fleetgate-test:auth", ledger.clone()).unwrap();
+    let limits = limits(1000, 600, 1, 4);
+    let grant = running(limiter.admit(1, &limits, &cost(10, 1, 10), "a").await);
+    limiter.finish(1, "a", &grant, 5).await.unwrap();
+    assert_eq!(limiter.usage(1, month).await.unwrap().used, 105);
+
+    let counter = limiter.counter_key(1, month);
+    let read = |db: u32| {
+        let client = redis::Client::open(format!("{base}/{db}")).unwrap();
+        let mut connection = client.get_connection().unwrap();
+        redis::cmd("GET")
+            .arg(&counter)
+            .query::<Option<u64>>(&mut connection)
+            .unwrap()
+    };
+    assert_eq!(read(2), Some(105), "the counter is in database 2");
+    assert_eq!(read(0), None, "and nothing in database 0");
+
+    let wrong = RedisLimiter::connect(
+        &format!("redis://:wrong@127.0.0.1:{port}/2"),
+        "fleetgate-test:auth",
+        ledger,
+    )
+    .unwrap();
+    every_call_is_unavailable(&wrong, 1).await;
+}
+
 /// A throwaway redis-server on `port`, without persistence; killed when dropped.
 struct RedisServer(std::process::Child);
 
 impl RedisServer {
     async fn start(port: u16) -> Self {
+        Self::start_with(port, &[], &format!("redis://127.0.0.1:{port}")).await
+    }
+
+    /// With more arguments for redis-server; `url` reaches it once it is up.
+    async fn start_with(port: u16, args: &[&str], url: &str) -> Self {
         let child = std::process::Command::new("redis-server")
             .args([
                 "--port",
@@ -1112,17 +1161,17 @@ impl RedisServer {
                 "--appendonly",
                 "no",
             ])
+            .args(args)
             .stdout(std::process::Stdio::null())
             .spawn()
             .expect("redis-server on PATH");
         let server = Self(child);
-        let url = format!("redis://127.0.0.1:{port}");
         soon("redis-server accepts connections", async {
             // An outside process: poll until it is up.
             let mut poll = tokio::time::interval(Duration::from_millis(20));
             loop {
                 poll.tick().await;
-                let ready = redis::Client::open(url.as_str())
+                let ready = redis::Client::open(url)
                     .unwrap()
                     .get_multiplexed_async_connection()
                     .await
