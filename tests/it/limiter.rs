@@ -979,10 +979,7 @@ async fn expect_unavailable<T: Debug>(what: &str, call: impl Future<Output = Res
 /// and every call refuses promptly.
 #[tokio::test]
 async fn redis_down_refuses_promptly() {
-    let port = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap().port()
-    };
+    let port = free_port();
     let limiter = RedisLimiter::connect(
         &format!("redis://127.0.0.1:{port}"),
         "fleetgate-test:down",
@@ -1033,10 +1030,7 @@ async fn every_call_is_unavailable(limiter: &RedisLimiter, rounds: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs redis-server on PATH"]
 async fn recovers_when_redis_returns() {
-    let port = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap().port()
-    };
+    let port = free_port();
     let url = format!("redis://127.0.0.1:{port}");
     let ledger = Arc::new(Ledger::default());
     let month = Month::now();
@@ -1105,10 +1099,7 @@ async fn recovers_when_redis_returns() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs redis-server on PATH"]
 async fn authenticates_and_selects_its_database() {
-    let port = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap().port()
-    };
+    let port = free_port();
     let base = format!("redis://:s3cret@127.0.0.1:{port}");
     let _server = RedisServer::start_with(port, &["--requirepass", "s3cret"], &base).await;
     let ledger = Arc::new(Ledger::default());
@@ -1140,6 +1131,12 @@ async fn authenticates_and_selects_its_database() {
     )
     .unwrap();
     every_call_is_unavailable(&wrong, 1).await;
+}
+
+/// A port nothing listens on (free when asked).
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
 }
 
 /// A throwaway redis-server on `port`, without persistence; killed when dropped.
