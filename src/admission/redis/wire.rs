@@ -620,6 +620,53 @@ mod tests {
         }
     }
 
+    /// A caller that stops waiting (a call timeout) while its long request is still
+    /// being written: the request still goes out whole, the next one follows it intact,
+    /// and the reply to the abandoned one is not handed to the next caller.
+    #[tokio::test]
+    async fn an_abandoned_request_is_written_whole_and_its_reply_skipped() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("redis://{}", listener.local_addr().unwrap());
+        let info = ::redis::Client::open(url)
+            .unwrap()
+            .get_connection_info()
+            .clone();
+        let pipe = Pipe::open(Arc::new(
+            Endpoint::of(&info, Duration::from_secs(5)).unwrap(),
+        ));
+        let (mut server, _) = listener.accept().await.unwrap();
+
+        // Larger than the socket buffers, so its write is under way when the caller
+        // gives up (the server reads nothing until then).
+        let mut long = Vec::new();
+        bulk(&mut long, &vec![b'x'; 16 << 20]);
+        let long = [b"*1\r\n".as_slice(), &long].concat();
+        let short = b"*1\r\n$4\r\nPING\r\n".to_vec();
+        let given_up = tokio::time::timeout(Duration::from_millis(50), pipe.request(long.clone()));
+        assert!(given_up.await.is_err(), "no reply was sent yet");
+        let next = tokio::spawn({
+            let pipe = pipe.clone();
+            let short = short.clone();
+            async move { pipe.request(short).await }
+        });
+
+        let mut received = vec![0; long.len() + short.len()];
+        server.read_exact(&mut received).await.unwrap();
+        assert!(
+            received[..long.len()] == long[..],
+            "the long request arrived whole"
+        );
+        assert_eq!(
+            received[long.len()..],
+            short[..],
+            "and the next one after it"
+        );
+        server.write_all(b":1\r\n:2\r\n").await.unwrap();
+        assert_eq!(next.await.unwrap(), Ok(Reply::Int(2)));
+    }
+
     #[test]
     fn malformed_replies_are_errors() {
         for bad in [
