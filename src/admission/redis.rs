@@ -313,18 +313,12 @@ impl RedisLimiter {
     /// The calling runtime's connection, with its generation (for
     /// [`RedisLimiter::discard`]).
     fn connection(&self) -> Result<(u64, ConnectionManager), Denial> {
-        let runtime = Handle::try_current().ok().map(|h| h.id());
         let mut slot = self.connection.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, generation, manager)) = slot.made.iter().find(|(r, ..)| *r == runtime) {
-            return Ok((*generation, manager.clone()));
-        }
-        let created =
+        let slot = &mut *slot;
+        this_runtimes(&mut slot.generation, &mut slot.made, || {
             ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
-                .map_err(|e| unavailable("connection setup", &e))?;
-        slot.generation += 1;
-        let generation = slot.generation;
-        slot.made.push((runtime, generation, created.clone()));
-        Ok((generation, created))
+                .map_err(|e| unavailable("connection setup", &e))
+        })
     }
 
     /// Drops a connection that failed, so the next call starts a fresh one. (The manager
@@ -339,16 +333,15 @@ impl RedisLimiter {
     /// The calling runtime's connection for scripts, with its generation; opened (in
     /// the background) on first use.
     fn pipe(&self) -> (u64, wire::Pipe) {
-        let runtime = Handle::try_current().ok().map(|h| h.id());
         let mut slot = self.connection.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, generation, pipe)) = slot.pipes.iter().find(|(r, ..)| *r == runtime) {
-            return (*generation, pipe.clone());
+        let slot = &mut *slot;
+        let opened = this_runtimes(&mut slot.generation, &mut slot.pipes, || {
+            Ok::<_, std::convert::Infallible>(wire::Pipe::open(Arc::clone(&self.endpoint)))
+        });
+        match opened {
+            Ok(pipe) => pipe,
+            Err(never) => match never {},
         }
-        let pipe = wire::Pipe::open(Arc::clone(&self.endpoint));
-        slot.generation += 1;
-        let generation = slot.generation;
-        slot.pipes.push((runtime, generation, pipe.clone()));
-        (generation, pipe)
     }
 
     /// Runs one Redis call on the shared connection, bounded in time; any failure is
@@ -404,10 +397,7 @@ impl RedisLimiter {
             Err(e) => e,
         };
         self.discard(generation);
-        Err(Denial::Unavailable(format!(
-            "redis {what}: {}",
-            failure.split_whitespace().collect::<Vec<_>>().join(" ")
-        )))
+        Err(unavailable_because(what, &failure))
     }
 
     /// One request on `pipe`, bounded in time.
@@ -886,11 +876,32 @@ fn start_reply(reply: &[i64], limits: &KeyLimits, month: Month) -> Result<Grant,
 }
 
 fn unavailable(what: &str, error: &RedisError) -> Denial {
-    let error = error.to_string();
+    unavailable_because(what, &error.to_string())
+}
+
+/// `Unavailable`, saying what failed and why on one line.
+fn unavailable_because(what: &str, why: &str) -> Denial {
     Denial::Unavailable(format!(
         "redis {what}: {}",
-        error.split_whitespace().collect::<Vec<_>>().join(" ")
+        why.split_whitespace().collect::<Vec<_>>().join(" ")
     ))
+}
+
+/// The calling runtime's entry of `made` (see [`Connections`]), made by `make` with the
+/// next generation when it has none yet.
+fn this_runtimes<T: Clone, E>(
+    generation: &mut u64,
+    made: &mut Vec<(Option<RuntimeId>, u64, T)>,
+    make: impl FnOnce() -> Result<T, E>,
+) -> Result<(u64, T), E> {
+    let runtime = Handle::try_current().ok().map(|h| h.id());
+    if let Some((_, made_in, connection)) = made.iter().find(|(r, ..)| *r == runtime) {
+        return Ok((*made_in, connection.clone()));
+    }
+    let connection = make()?;
+    *generation += 1;
+    made.push((runtime, *generation, connection.clone()));
+    Ok((*generation, connection))
 }
 
 fn seed_failed() -> Denial {

@@ -286,10 +286,13 @@ impl Endpoint {
         })
     }
 
-    /// The handshake: `AUTH` and `SELECT` where the URL asks for them.
-    fn handshake(&self) -> Vec<u8> {
+    /// The handshake: `AUTH` and `SELECT` where the URL asks for them, and how many
+    /// replies it gets.
+    fn handshake(&self) -> (Vec<u8>, usize) {
         let mut out = Vec::new();
+        let mut replies = 0;
         if let Some((username, password)) = &self.auth {
+            replies += 1;
             let parts = if username.is_some() { 3 } else { 2 };
             out.push(b'*');
             decimal(&mut out, parts);
@@ -301,15 +304,12 @@ impl Endpoint {
             bulk(&mut out, password.as_bytes());
         }
         if self.db != 0 {
+            replies += 1;
             out.extend_from_slice(b"*2\r\n");
             bulk(&mut out, b"SELECT");
             bulk(&mut out, itoa::Buffer::new().format(self.db).as_bytes());
         }
-        out
-    }
-
-    fn replies_to_handshake(&self) -> usize {
-        usize::from(self.auth.is_some()) + usize::from(self.db != 0)
+        (out, replies)
     }
 }
 
@@ -410,11 +410,11 @@ async fn connect(endpoint: &Endpoint) -> Result<Stream, String> {
                 .map_err(|e| format!("cannot connect: {e}"))?,
         ),
     };
-    let expected = endpoint.replies_to_handshake();
+    let (request, expected) = endpoint.handshake();
     if expected > 0 {
         match &mut stream {
-            Stream::Tcp(tcp) => handshake(tcp, endpoint, expected).await?,
-            Stream::Unix(unix) => handshake(unix, endpoint, expected).await?,
+            Stream::Tcp(tcp) => handshake(tcp, &request, expected).await?,
+            Stream::Unix(unix) => handshake(unix, &request, expected).await?,
         }
     }
     Ok(stream)
@@ -422,11 +422,11 @@ async fn connect(endpoint: &Endpoint) -> Result<Stream, String> {
 
 async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
-    endpoint: &Endpoint,
+    request: &[u8],
     expected: usize,
 ) -> Result<(), String> {
     let io = |e: std::io::Error| format!("handshake: {e}");
-    stream.write_all(&endpoint.handshake()).await.map_err(io)?;
+    stream.write_all(request).await.map_err(io)?;
     let mut input = BytesMut::with_capacity(256);
     let mut answered = 0;
     while answered < expected {
@@ -556,20 +556,20 @@ mod tests {
                 .clone();
             Endpoint::of(&info, Duration::from_secs(1)).unwrap()
         };
-        let plain = endpoint("redis://127.0.0.1:6379");
-        assert!(plain.handshake().is_empty());
-        assert_eq!(plain.replies_to_handshake(), 0);
-        let acl = endpoint("redis://user:s3cret@127.0.0.1:6379/3");
+        let plain = endpoint("redis://127.0.0.1:6379").handshake();
+        assert!(plain.0.is_empty());
+        assert_eq!(plain.1, 0);
+        let acl = endpoint("redis://user:s3cret@127.0.0.1:6379/3").handshake();
         let mut expected = ::redis::cmd("AUTH")
             .arg("user")
             .arg("s3cret")
             .get_packed_command();
         expected.extend(::redis::cmd("SELECT").arg(3).get_packed_command());
-        assert_eq!(acl.handshake(), expected);
-        assert_eq!(acl.replies_to_handshake(), 2);
-        let password = endpoint("redis://:s3cret@127.0.0.1:6379");
+        assert_eq!(acl.0, expected);
+        assert_eq!(acl.1, 2);
+        let password = endpoint("redis://:s3cret@127.0.0.1:6379").handshake();
         assert_eq!(
-            password.handshake(),
+            password.0,
             ::redis::cmd("AUTH").arg("s3cret").get_packed_command()
         );
     }
