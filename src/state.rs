@@ -9,6 +9,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::admission::Limiter;
 use crate::admission::give_back::GiveBack;
+use crate::admission::renewals::Renewals;
 use crate::config::Config;
 use crate::fleet::Fleet;
 use crate::fleet::prober::Prober;
@@ -29,6 +30,8 @@ struct Inner {
     limiter: Arc<dyn Limiter>,
     /// Gives back admissions a shared limiter may have applied unseen.
     give_back: Option<GiveBack>,
+    /// Keeps the leases of running requests alive (shared limiters only).
+    renewals: Option<Renewals>,
     /// Cancelled when the shutdown grace period is over: bodies still streaming end.
     draining: CancellationToken,
     /// The request metadata log's writer.
@@ -69,6 +72,7 @@ impl AppState {
         Ok(Self(Arc::new(Inner {
             config,
             give_back: GiveBack::start(Arc::clone(&limiter)),
+            renewals: Renewals::start(Arc::clone(&limiter)),
             limiter,
             draining: CancellationToken::new(),
             request_log: RequestLog::start(Arc::clone(&store)),
@@ -106,6 +110,10 @@ impl AppState {
     /// Where a refused admission goes to be given back (shared limiters only).
     pub fn give_back(&self) -> Option<&GiveBack> {
         self.0.give_back.as_ref()
+    }
+    /// Where a running request's lease is kept alive (shared limiters only).
+    pub fn renewals(&self) -> Option<&Renewals> {
+        self.0.renewals.as_ref()
     }
     /// An owned handle on the limiter, for work that outlives the request.
     pub fn limiter_handle(&self) -> Arc<dyn Limiter> {

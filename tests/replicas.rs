@@ -755,6 +755,43 @@ async fn two_replicas_share_one_queue() {
     }
 }
 
+/// A stream that runs for three of the limiter's lease TTLs (2 s each) keeps its slot
+/// on every replica, because the gateway renews its lease while it runs: with one slot
+/// and no queue, a request through the other replica is refused `queue_full` then just
+/// as at the start, and let through once the stream has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL and Redis (set TEST_POSTGRES_URL, TEST_REDIS_URL)"]
+async fn a_long_stream_keeps_its_slot_on_every_replica() {
+    const LEASE_TTL: Duration = Duration::from_secs(2);
+    let cluster =
+        Cluster::start("renew", 50, &["--max-concurrent", "1", "--max-queued", "0"]).await;
+    let [a, b] = &cluster.urls;
+    let api = &cluster.api;
+    // 2000 tokens 50 ms apart: the stream would run 100 s; the test ends it.
+    let slow =
+        json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 2000, "stream": true});
+    let short = json!({"model": MODEL, "prompt": "Hi", "max_tokens": 1});
+
+    let mut stream = api.start_stream(a, &slow).await;
+    let started = std::time::Instant::now();
+    while started.elapsed() < LEASE_TTL * 3 {
+        first_frame(&mut stream).await;
+    }
+    wait_occupancy(api, b, 1, 0).await;
+    let refused = api.complete_within(SOON, b, &short).await;
+    refusal(refused, 429, "queue_full").await;
+    first_frame(&mut stream).await;
+
+    drop(stream);
+    wait_occupancy(api, b, 0, 0).await;
+    let response = api.complete_within(SOON, b, &short).await;
+    assert_eq!(
+        response.status(),
+        200,
+        "the slot is free once the stream ended"
+    );
+}
+
 /// Two replicas hold one budget: 16 concurrent requests, 8 through each, each worth 108
 /// tokens at most (8 prompt ids + 100), against a budget of 1000. What is charged never
 /// exceeds the budget; the request that no longer fits whole is clamped (and says so),

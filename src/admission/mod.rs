@@ -18,6 +18,7 @@ pub mod ledger;
 pub mod local;
 pub mod month;
 pub mod redis;
+pub mod renewals;
 pub mod unlimited;
 
 use std::time::Duration;

@@ -37,7 +37,8 @@
 //! every script first purges what has expired, so the slots and queue places of a
 //! crashed replica come back within seconds by themselves, and a dead waiter at the head
 //! of a queue blocks nobody for longer. The gateway calls [`Limiter::renew`] for each
-//! live request every third of the lease; a waiter inside [`Limiter::wait_turn`] checks
+//! live request at least every third of the lease (one task for all of them, see
+//! [`renewals`](super::renewals)); a waiter inside [`Limiter::wait_turn`] checks
 //! (and so keeps its place) at least every quarter of the queue TTL.
 //!
 //! A lapsed slot's reservation is kept aside (`'~'..lease` in `grants`) for two more

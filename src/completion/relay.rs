@@ -20,12 +20,11 @@ use axum::http::header;
 use axum::response::Response;
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::completion::dispatch::stopped_answering;
 use crate::completion::meter::Meter;
-use crate::completion::settle::Settlement;
+use crate::completion::settle::{Settlement, Settling};
 use crate::error::ApiError;
 use crate::metrics::{UpstreamMetrics, UpstreamOutcome};
 use crate::upstream::{Answer, ByteStream, upstream_rejection};
@@ -183,7 +182,7 @@ struct Metered {
     rest: Option<Bytes>,
     /// The settlement under way: the body ends only after it, so a client that has the
     /// whole answer finds its slot free and its usage counted.
-    settling: Option<JoinHandle<()>>,
+    settling: Option<Settling>,
     /// How the upstream body ended (`Some(None)`: complete), when that was seen while
     /// gathering: acted on once the bytes before it are relayed.
     end: Option<Option<io::Error>>,
@@ -226,8 +225,8 @@ impl Stream for Metered {
                 return Poll::Ready(Some(Ok(rest)));
             }
             if let Some(settling) = this.settling.as_mut() {
-                // A failed settlement task has logged its error; the body ends either way.
-                let _ = ready!(Pin::new(settling).poll(cx));
+                // A failed settlement has logged its error; the body ends either way.
+                ready!(Pin::new(settling).poll(cx));
                 this.settling = None;
             }
             if this.ended {

@@ -7,13 +7,14 @@
 //! `finish` is idempotent per lease, so an attempt that did take effect unseen is not
 //! counted twice.
 
+use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Waker};
+use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
+use crate::admission::renewals::Renewal;
 use crate::admission::{Grant, Limiter};
 use crate::backoff::Backoff;
 use crate::completion::meter::Meter;
@@ -36,8 +37,8 @@ pub struct Settlement {
     pub meter: Meter,
     /// The request's metadata row, held open until the request is settled.
     record: RequestRecord,
-    /// Stops the lease renewal (shared backends) once settled.
-    renewal: CancellationToken,
+    /// Keeps the lease alive (shared backends) until settled.
+    renewal: Option<Renewal>,
     /// Whether the upstream accepted the request (an error status costs nothing).
     charged: bool,
     /// Counts the request in `fleetgate_admission_running` until settled.
@@ -61,19 +62,7 @@ impl Settlement {
         record: RequestRecord,
     ) -> Self {
         record.hold();
-        let renewal = CancellationToken::new();
-        if let Some(every) = state.limiter().lease_renewal() {
-            let (limiter, lease, stop) = (state.limiter_handle(), lease.clone(), renewal.clone());
-            state.tasks().spawn(async move {
-                let mut ticks = tokio::time::interval(every);
-                ticks.tick().await;
-                while stop.run_until_cancelled(ticks.tick()).await.is_some() {
-                    if let Err(err) = limiter.renew(key, &lease).await {
-                        tracing::warn!(error = %err, request_id = %lease, "could not renew the admission lease");
-                    }
-                }
-            });
-        }
+        let renewal = state.renewals().map(|renewals| renewals.hold(key, &lease));
         let running = Some(state.metrics().admission_running());
         Self {
             running,
@@ -124,8 +113,7 @@ impl Settlement {
     /// the usage queued for the ledger.
     pub async fn finish(mut self) {
         if let Some(settling) = self.settle() {
-            // A failed settlement task has logged its error.
-            let _ = settling.await;
+            settling.await;
         }
     }
 
@@ -141,16 +129,17 @@ impl Settlement {
         }
     }
 
-    /// Settles (idempotent): at once when the limiter answers without waiting (in
-    /// process), else on a tracked task, so that it completes even when the request's
-    /// own future is gone. The handle resolves once the slot is released and the usage
-    /// row queued for the ledger (or the release handed to the background retry); `None`
-    /// when that is already done.
-    pub fn settle(&mut self) -> Option<JoinHandle<()>> {
+    /// Settles (idempotent). In process the limiter answers without waiting and this
+    /// returns `None`, everything done. Otherwise the returned [`Settling`] resolves once
+    /// the slot is released and the usage row queued for the ledger (or the release
+    /// handed to the background retry); whoever awaits it runs it, and dropped before
+    /// then it finishes on a tracked task, so a request whose future is gone is settled
+    /// all the same. `None` also when already settled.
+    pub fn settle(&mut self) -> Option<Settling> {
         if std::mem::replace(&mut self.settled, true) {
             return None;
         }
-        self.renewal.cancel();
+        self.renewal = None;
         self.in_flight = None;
         self.running = None;
         let (prompt_tokens, completion_tokens) = self.tokens();
@@ -160,7 +149,7 @@ impl Settlement {
         let limiter: Arc<dyn Limiter> = state.limiter_handle();
         let (key, lease, grant) = (self.key, self.lease.clone(), self.grant.clone());
         let usage_id = self.usage_id.take().unwrap_or_else(|| lease.clone());
-        let mut settling = Box::pin(async move {
+        let mut settling: SettlingFuture = Box::pin(async move {
             let row = UsageRow {
                 key_id: key,
                 request_id: usage_id,
@@ -177,14 +166,49 @@ impl Settlement {
                     .spawn(settle_until_confirmed(limiter, key, lease, grant, row));
             }
         });
-        // A task of its own costs a spawn and a wake-up of the request's task when it
-        // ends, per request; the in-process limiter never needs one. A settlement that
-        // does wait is spawned, and its first poll there registers the task's waker.
+        // The in-process limiter is done at the first poll. A waker that does nothing is
+        // enough for it: whoever goes on with a settlement that waits polls it again
+        // with their own.
         let mut cx = Context::from_waker(Waker::noop());
         if settling.as_mut().poll(&mut cx).is_ready() {
             return None;
         }
-        Some(self.state.tasks().spawn(settling))
+        Some(Settling {
+            future: Some(settling),
+            tasks: self.state.tasks().clone(),
+        })
+    }
+}
+
+type SettlingFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A settlement waiting for the limiter's backend. Awaited by the request it settles,
+/// which is cheaper than a task of its own (no spawn, and the backend's reply wakes the
+/// request directly); dropped unfinished (the request's future is gone), the rest runs
+/// on a tracked task, waited for on shutdown.
+pub struct Settling {
+    future: Option<SettlingFuture>,
+    tasks: TaskTracker,
+}
+
+impl Future for Settling {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(future) = self.future.as_mut() else {
+            return Poll::Ready(());
+        };
+        ready!(future.as_mut().poll(cx));
+        self.future = None;
+        Poll::Ready(())
+    }
+}
+
+impl Drop for Settling {
+    fn drop(&mut self) {
+        if let Some(future) = self.future.take() {
+            self.tasks.spawn(future);
+        }
     }
 }
 
@@ -214,5 +238,53 @@ async fn settle_until_confirmed(
 impl Drop for Settlement {
     fn drop(&mut self) {
         let _ = self.settle();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    /// A settlement that waits for `go`, then marks `done`.
+    fn waiting(
+        go: tokio::sync::oneshot::Receiver<()>,
+        done: Arc<AtomicBool>,
+        tasks: &TaskTracker,
+    ) -> Settling {
+        Settling {
+            future: Some(Box::pin(async move {
+                go.await.unwrap();
+                done.store(true, Ordering::SeqCst);
+            })),
+            tasks: tasks.clone(),
+        }
+    }
+
+    #[tokio::test]
+    async fn awaited_it_runs_in_place() {
+        let (tasks, done) = (TaskTracker::new(), Arc::new(AtomicBool::new(false)));
+        let (go, wait) = tokio::sync::oneshot::channel();
+        let settling = waiting(wait, done.clone(), &tasks);
+        go.send(()).unwrap();
+        settling.await;
+        assert!(done.load(Ordering::SeqCst));
+        assert!(tasks.is_empty(), "no task was spawned");
+    }
+
+    #[tokio::test]
+    async fn dropped_unfinished_it_finishes_on_a_tracked_task() {
+        let (tasks, done) = (TaskTracker::new(), Arc::new(AtomicBool::new(false)));
+        let (go, wait) = tokio::sync::oneshot::channel();
+        let mut settling = waiting(wait, done.clone(), &tasks);
+        // Polled once (as a request does before it goes away), then dropped.
+        assert!(futures_util::poll!(&mut settling).is_pending());
+        drop(settling);
+        assert_eq!(tasks.len(), 1);
+        go.send(()).unwrap();
+        tasks.close();
+        tasks.wait().await;
+        assert!(done.load(Ordering::SeqCst), "the settlement ran to its end");
     }
 }
