@@ -8,8 +8,8 @@ use bytes::Bytes;
 use tracing::Instrument;
 
 use super::dispatch::{self, Dispatched, Window};
-use super::relay;
 use super::settle::Settlement;
+use super::{cut, relay};
 use crate::error::ApiError;
 use crate::fleet::{Affinity, Model, Node};
 use crate::state::AppState;
@@ -59,7 +59,7 @@ impl Job<'_> {
             metrics: self.state.metrics().upstream(&self.model.id, &upstream.gpu),
             sent,
         };
-        let cut = relay::cut(self.state.draining().clone(), upstream.lost());
+        let cut = cut::cut(self.state.draining().clone(), upstream.lost());
         let span = tracing::debug_span!("relay");
         let relayed = relay::relay(
             response,

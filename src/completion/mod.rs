@@ -4,6 +4,7 @@ pub mod admit;
 pub mod budget_refusal;
 pub mod chat;
 pub mod cold;
+pub mod cut;
 pub mod dispatch;
 mod draining;
 mod job;

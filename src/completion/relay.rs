@@ -20,8 +20,8 @@ use axum::http::header;
 use axum::response::Response;
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
-use tokio_util::sync::CancellationToken;
 
+use crate::completion::cut::{Cut, CutWatch};
 use crate::completion::dispatch::stopped_answering;
 use crate::completion::meter::Meter;
 use crate::completion::settle::{Settlement, Settling};
@@ -35,25 +35,6 @@ const WHOLE_BODY_MAX: u64 = 64 * 1024;
 /// stream goes out in writes of this size rather than one per frame, and a gather never
 /// holds bytes back for long waiting for more reads to fill it.
 const GATHER_MAX: usize = 16 * 1024;
-/// A stream that never pauses is checked for a [`Cut`] after this many pieces relayed
-/// (one that pauses, at each pause).
-const CUT_CHECK_EVERY: u32 = 64;
-
-/// Resolves, with the reason, when a relayed body must be cut short.
-pub type Cut = Pin<Box<dyn Future<Output = &'static str> + Send>>;
-
-/// Cut when fleetgate's shutdown grace period is over (`draining`) or the node is
-/// found dead (`lost`).
-pub fn cut(draining: CancellationToken, lost: CancellationToken) -> Cut {
-    Box::pin(async move {
-        tokio::select! {
-            biased;
-            () = draining.cancelled_owned() => "fleetgate is shutting down",
-            () = lost.cancelled_owned() => "the model server stopped answering",
-        }
-    })
-}
-
 /// `forward_usage`: whether the client asked for a stream's usage-only frame.
 /// `timing`: the upstream's series, for its outcome, time to the first byte and duration.
 /// `span`: the relay's trace span, which a streamed body holds until it ends.
@@ -110,8 +91,7 @@ pub async fn relay(
         ended: false,
         timing,
         first_seen: false,
-        cut,
-        since_cut_check: 0,
+        cut: CutWatch::new(cut),
         _span: span,
     };
     response
@@ -152,7 +132,7 @@ async fn relay_whole(
     response.body(Body::from(body)).map_err(ApiError::internal)
 }
 
-/// 502: a cut (see [`cut`]) stopped the answer before any of it was sent.
+/// 502: a [`Cut`] stopped the answer before any of it was sent.
 fn cut_short(reason: &str) -> ApiError {
     ApiError::UpstreamRejected {
         status: axum::http::StatusCode::BAD_GATEWAY,
@@ -192,12 +172,8 @@ struct Metered {
     ended: bool,
     timing: Timing,
     first_seen: bool,
-    /// Looked at when the upstream has nothing new (the task is about to wait, and the
-    /// cut's waker must be its own), and every [`CUT_CHECK_EVERY`] pieces relayed
-    /// without a pause: not before every read, as each look locks the tokens'
-    /// mutexes, twice per frame of a paced stream.
-    cut: Cut,
-    since_cut_check: u32,
+    /// Looked at before each read from the upstream.
+    cut: CutWatch,
     /// Open while the body is relayed: the relay's span ends with the body, not when
     /// the response head goes out.
     _span: tracing::Span,
@@ -232,12 +208,6 @@ impl Stream for Metered {
             if this.ended {
                 return Poll::Ready(None);
             }
-            if this.since_cut_check >= CUT_CHECK_EVERY {
-                this.since_cut_check = 0;
-                if let Poll::Ready(reason) = this.cut.as_mut().poll(cx) {
-                    return this.cut_short(reason);
-                }
-            }
             if matches!(this.end, Some(Some(_))) && !std::mem::replace(&mut this.yielded, true) {
                 // An error makes hyper drop the connection with whatever it still holds
                 // unwritten: yield once, so the bytes relayed before it are written first.
@@ -246,36 +216,34 @@ impl Stream for Metered {
             }
             let end = match this.end.take() {
                 Some(end) => end,
-                None => match this.inner.as_mut().poll_next(cx) {
-                    Poll::Pending => {
-                        this.since_cut_check = 0;
-                        return match this.cut.as_mut().poll(cx) {
-                            Poll::Ready(reason) => this.cut_short(reason),
-                            Poll::Pending => Poll::Pending,
-                        };
+                None => {
+                    if let Poll::Ready(reason) = this.cut.poll(cx) {
+                        return this.cut_short(reason);
                     }
-                    Poll::Ready(Some(Ok(chunk))) => {
-                        if std::mem::replace(&mut this.first_seen, true) {
-                            this.gather(chunk, cx);
-                        } else {
-                            // The first bytes go out at once: gathering would hold a
-                            // fast stream's first frame until more had come.
-                            this.timing.metrics.first_byte(this.timing.sent);
-                            this.settlement.meter.push(chunk);
-                        }
-                        let out = this.settlement.meter.take();
-                        if !out.is_empty() {
-                            this.since_cut_check += 1;
-                            if this.first_out == FirstOut::Ahead {
-                                this.first_out = FirstOut::Handed;
+                    match this.inner.as_mut().poll_next(cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(Some(Ok(chunk))) => {
+                            if std::mem::replace(&mut this.first_seen, true) {
+                                this.gather(chunk, cx);
+                            } else {
+                                // The first bytes go out at once: gathering would hold a
+                                // fast stream's first frame until more had come.
+                                this.timing.metrics.first_byte(this.timing.sent);
+                                this.settlement.meter.push(chunk);
                             }
-                            return Poll::Ready(Some(Ok(out)));
+                            let out = this.settlement.meter.take();
+                            if !out.is_empty() {
+                                if this.first_out == FirstOut::Ahead {
+                                    this.first_out = FirstOut::Handed;
+                                }
+                                return Poll::Ready(Some(Ok(out)));
+                            }
+                            continue;
                         }
-                        continue;
+                        Poll::Ready(Some(Err(err))) => Some(err),
+                        Poll::Ready(None) => None,
                     }
-                    Poll::Ready(Some(Err(err))) => Some(err),
-                    Poll::Ready(None) => None,
-                },
+                }
             };
             this.ended = true;
             this.settling = this.settlement.settle();
