@@ -9,7 +9,7 @@
 //! every configured upstream at start-up (and for each one a reload adds), so per-node
 //! gauges (health, …) can be added alongside with the same labels.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
@@ -178,12 +178,12 @@ struct Inner {
     upstream_up: Family<UpstreamLabels, Gauge>,
     upstream_ejections: Family<UpstreamLabels, Counter>,
     /// Each upstream's series, resolved once (see [`UpstreamMetrics`]): model → GPU label.
-    upstreams: RwLock<HashMap<String, HashMap<String, UpstreamMetrics>>>,
+    upstreams: RwLock<FxHashMap<String, FxHashMap<String, UpstreamMetrics>>>,
     /// Each model's request series, resolved once; `""` for requests of no known model.
-    models: RwLock<HashMap<String, Arc<ModelSeries>>>,
+    models: RwLock<FxHashMap<String, Arc<ModelSeries>>>,
     prefix_cache_hit_rate: Family<UpstreamLabels, Gauge<f64, AtomicU64>>,
     /// Each model's routing counters, resolved at start-up: no label is built per request.
-    routing: HashMap<String, [Counter; 4]>,
+    routing: FxHashMap<String, [Counter; 4]>,
     fleet_queued: Family<ModelLabels, Gauge>,
     admission_running: Gauge,
     admission_queued: Gauge,

@@ -1,21 +1,22 @@
 //! The in-process limiter: exact for one replica. Every decision is made under one
 //! mutex (never held across an await); waiters park on a per-key `Notify`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use rustc_hash::FxHashMap;
 use tokio::sync::{Notify, OnceCell, watch};
 
 use super::{Admitted, Cost, Denial, Grant, KeyLimits, Lease, Limiter, Month, Usage, UsageSource};
 use super::{QUEUE_FULL_RETRY_AFTER, QUEUE_PLACE_GONE};
 
 /// One cell per key and month, set once the counter includes the ledger.
-type SeedCells = HashMap<(i64, Month), Arc<OnceCell<()>>>;
+type SeedCells = FxHashMap<(i64, Month), Arc<OnceCell<()>>>;
 
 pub struct LocalLimiter {
-    keys: Mutex<HashMap<i64, KeyState>>,
+    keys: Mutex<FxHashMap<i64, KeyState>>,
     /// Bumped whenever a slot or queue place changes hands (see [`LocalLimiter::changes`]).
     changes: watch::Sender<u64>,
     /// Counters seeded from the ledger, once per key and month.
@@ -28,19 +29,19 @@ struct KeyState {
     /// GCRA theoretical arrival time.
     tat: Option<Instant>,
     /// Leases holding a running slot, with their reservation.
-    running: HashMap<String, Grant>,
+    running: FxHashMap<String, Grant>,
     /// Leases waiting, in arrival order.
     queue: VecDeque<String>,
-    months: HashMap<Month, Usage>,
+    months: FxHashMap<Month, Usage>,
     wake: Arc<Notify>,
 }
 
 impl LocalLimiter {
     pub fn new(source: Arc<dyn UsageSource>) -> Self {
         Self {
-            keys: Mutex::new(HashMap::new()),
+            keys: Mutex::new(FxHashMap::default()),
             changes: watch::Sender::new(0),
-            seeds: Mutex::new(HashMap::new()),
+            seeds: Mutex::new(FxHashMap::default()),
             source,
         }
     }
@@ -55,7 +56,7 @@ impl LocalLimiter {
         self.changes.send_modify(|n| *n += 1);
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<i64, KeyState>> {
+    fn lock(&self) -> MutexGuard<'_, FxHashMap<i64, KeyState>> {
         // A panic while holding the lock leaves consistent counters (every update is a
         // single assignment), so a poisoned lock is still usable.
         self.keys.lock().unwrap_or_else(|p| p.into_inner())

@@ -87,7 +87,7 @@
 //!   ledger read that a concurrent seeding began before the gateway wrote that usage can
 //!   miss it until the counter is next rebuilt.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -191,7 +191,7 @@ pub struct RedisLimiter {
     scripts: Scripts,
     hub: Arc<Hub>,
     /// See [`RedisLimiter::keys`].
-    names: Mutex<HashMap<i64, Arc<Keys>>>,
+    names: Mutex<FxHashMap<i64, Arc<Keys>>>,
     /// The subscription task, started by the first waiter.
     subscriber: OnceLock<AbortHandle>,
     journal: journal::JournalKeys,
@@ -281,7 +281,7 @@ impl RedisLimiter {
                 occupancy: script!("occupancy.lua"),
             },
             hub: Arc::new(Hub::default()),
-            names: Mutex::new(HashMap::new()),
+            names: Mutex::new(FxHashMap::default()),
             subscriber: OnceLock::new(),
             journal: journal::JournalKeys::new(key_prefix),
         })
@@ -912,7 +912,7 @@ fn seed_failed() -> Denial {
 /// The local waiters per key, woken by the subscription.
 #[derive(Default)]
 struct Hub {
-    keys: Mutex<HashMap<i64, (Arc<Notify>, usize)>>,
+    keys: Mutex<FxHashMap<i64, (Arc<Notify>, usize)>>,
 }
 
 /// A waiter's registration with the hub; unregisters when dropped.
@@ -923,7 +923,7 @@ struct Watch {
 }
 
 impl Hub {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, (Arc<Notify>, usize)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, FxHashMap<i64, (Arc<Notify>, usize)>> {
         self.keys.lock().unwrap_or_else(|p| p.into_inner())
     }
 

@@ -17,7 +17,7 @@ use tracing::Instrument;
 use crate::completion::settle::Settlement;
 use crate::error::ApiError;
 use crate::fleet::{Affinity, Model, NoNode, Node};
-use crate::metrics::UpstreamOutcome;
+use crate::metrics::{UpstreamMetrics, UpstreamOutcome};
 use crate::state::AppState;
 use crate::traces;
 use crate::upstream::{Answer, upstream_rejection};
@@ -26,6 +26,8 @@ use crate::upstream::{Answer, upstream_rejection};
 pub struct Dispatched {
     pub response: Answer,
     pub upstream: Arc<Node>,
+    /// The node's metric series, looked up once per request.
+    pub metrics: UpstreamMetrics,
     pub sent: Instant,
 }
 
@@ -175,6 +177,7 @@ pub async fn dispatch(
                 return Ok(Dispatched {
                     response,
                     upstream,
+                    metrics,
                     sent,
                 });
             }

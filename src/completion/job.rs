@@ -53,12 +53,10 @@ impl Job<'_> {
         let Dispatched {
             response,
             upstream,
+            metrics,
             sent,
         } = dispatched;
-        let timing = relay::Timing {
-            metrics: self.state.metrics().upstream(&self.model.id, &upstream.gpu),
-            sent,
-        };
+        let timing = relay::Timing { metrics, sent };
         let cut = cut::cut(self.state.draining().clone(), upstream.lost());
         let span = tracing::debug_span!("relay");
         let relayed = relay::relay(

@@ -18,7 +18,7 @@
 //! since vLLM needs none of it: redirects, proxies, compression, TLS, trailers (read and
 //! dropped).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io::{self, IoSlice, Write as _};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::Stream;
 use http::{HeaderMap, HeaderValue, StatusCode};
+use rustc_hash::FxHashMap;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::runtime::Id as RuntimeId;
@@ -68,7 +69,7 @@ pub struct Client {
 }
 
 struct Pool {
-    idle: Mutex<HashMap<String, VecDeque<Idle>>>,
+    idle: Mutex<FxHashMap<String, VecDeque<Idle>>>,
     connect_timeout: Duration,
     idle_timeout: Duration,
 }
@@ -160,7 +161,7 @@ impl Client {
     pub fn new(connect_timeout: Duration, idle_timeout: Duration) -> Self {
         Self {
             pool: Arc::new(Pool {
-                idle: Mutex::new(HashMap::new()),
+                idle: Mutex::new(FxHashMap::default()),
                 connect_timeout,
                 idle_timeout,
             }),
