@@ -649,9 +649,7 @@ async fn a_dead_replicas_slot_and_queue_places_free_within_seconds() {
     .await;
     let [a, b] = cluster.urls.clone();
     let api = cluster.api.clone();
-    // 2000 tokens 50 ms apart: the stream would run 100 s.
-    let slow =
-        json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 2000, "stream": true});
+    let slow = slow_stream();
     let quick = json!({"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 2});
     let _holding = api.start_stream(&a, &slow).await;
     // The head of the queue waits on A, and dies with it (its error is expected).
@@ -689,6 +687,12 @@ async fn a_dead_replicas_slot_and_queue_places_free_within_seconds() {
     head.abort();
 }
 
+/// A stream of 2000 tokens: at a cluster's 50 ms a token it would run 100 s, so a test
+/// ends it (by dropping the response).
+fn slow_stream() -> Value {
+    json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 2000, "stream": true})
+}
+
 /// Two replicas hold one queue: two streams running through A fill the key's slots, a
 /// third through B waits (both replicas see running 2, queued 1), a fourth through either
 /// is refused `queue_full`; when the first stream ends, B's waiter starts.
@@ -699,9 +703,7 @@ async fn two_replicas_share_one_queue() {
         Cluster::start("queue", 50, &["--max-concurrent", "2", "--max-queued", "1"]).await;
     let [a, b] = &cluster.urls;
     let api = &cluster.api;
-    // 2000 tokens 50 ms apart: each stream would run 100 s; the test ends them.
-    let slow =
-        json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 2000, "stream": true});
+    let slow = slow_stream();
 
     let first = api.start_stream(a, &slow).await;
     let mut second = api.start_stream(a, &slow).await;
@@ -767,9 +769,7 @@ async fn a_long_stream_keeps_its_slot_on_every_replica() {
         Cluster::start("renew", 50, &["--max-concurrent", "1", "--max-queued", "0"]).await;
     let [a, b] = &cluster.urls;
     let api = &cluster.api;
-    // 2000 tokens 50 ms apart: the stream would run 100 s; the test ends it.
-    let slow =
-        json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 2000, "stream": true});
+    let slow = slow_stream();
     let short = json!({"model": MODEL, "prompt": "Hi", "max_tokens": 1});
 
     let mut stream = api.start_stream(a, &slow).await;

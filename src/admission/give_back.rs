@@ -140,72 +140,10 @@ async fn run(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashSet;
-    use std::sync::Mutex;
-    use std::sync::atomic::AtomicBool;
-
-    use async_trait::async_trait;
+    use std::sync::atomic::Ordering;
 
     use super::*;
-    use crate::admission::{Admitted, Cost, Denial, KeyLimits, Lease, Usage};
-
-    /// A shared backend that is down until `up`; counts the give-back calls it gets.
-    #[derive(Default)]
-    struct Backend {
-        up: AtomicBool,
-        attempts: Mutex<Vec<String>>,
-        given_back: Mutex<HashSet<String>>,
-    }
-
-    fn down() -> Denial {
-        Denial::Unavailable("down".to_owned())
-    }
-
-    #[async_trait]
-    impl Limiter for Backend {
-        async fn admit(
-            &self,
-            _: i64,
-            _: &KeyLimits,
-            _: &Cost,
-            _: &Lease,
-        ) -> Result<Admitted, Denial> {
-            Err(down())
-        }
-        async fn wait_turn(
-            &self,
-            _: i64,
-            _: &KeyLimits,
-            _: &Cost,
-            _: &Lease,
-        ) -> Result<Grant, Denial> {
-            Err(down())
-        }
-        async fn leave(&self, _: i64, lease: &Lease) -> Result<(), Denial> {
-            self.attempts.lock().unwrap().push(lease.to_owned());
-            if self.up.load(Ordering::SeqCst) {
-                Ok(())
-            } else {
-                Err(down())
-            }
-        }
-        async fn finish(&self, _: i64, lease: &Lease, _: &Grant, _: u64) -> Result<(), Denial> {
-            self.given_back.lock().unwrap().insert(lease.to_owned());
-            Ok(())
-        }
-        async fn renew(&self, _: i64, _: &Lease) -> Result<(), Denial> {
-            Err(down())
-        }
-        fn lease_renewal(&self) -> Option<Duration> {
-            Some(Duration::from_millis(600))
-        }
-        async fn usage(&self, _: i64, _: Month) -> Result<Usage, Denial> {
-            Err(down())
-        }
-        async fn occupancy(&self, _: i64) -> Result<(u32, u32), Denial> {
-            Err(down())
-        }
-    }
+    use crate::admission::fake::Backend;
 
     /// Polls `done` until it holds (bounded).
     async fn until(what: &str, done: impl Fn() -> bool) {

@@ -13,6 +13,8 @@
 //! The live counters sit behind [`Limiter`] (in process, or Redis for several replicas);
 //! the durable truth is the usage ledger in the store, from which counters are rebuilt.
 
+#[cfg(test)]
+mod fake;
 pub mod give_back;
 pub mod ledger;
 pub mod local;

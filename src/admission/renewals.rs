@@ -145,85 +145,19 @@ fn due(live: &mut Live, tick: Instant, gap: Duration) -> Vec<(i64, String)> {
 
 #[cfg(test)]
 mod tests {
-    use async_trait::async_trait;
+    use std::sync::atomic::Ordering;
 
     use super::*;
-    use crate::admission::{Admitted, Cost, Denial, Grant, KeyLimits, Lease, Month, Usage};
-
-    const EVERY: Duration = Duration::from_millis(600);
-
-    /// A shared backend that only records its renewals: which lease, when.
-    #[derive(Default)]
-    struct Recorder {
-        renewed: Mutex<Vec<(String, Instant)>>,
-    }
-
-    impl Recorder {
-        fn renewals_of(&self, lease: &str) -> Vec<Instant> {
-            let renewed = self.renewed.lock().unwrap();
-            renewed
-                .iter()
-                .filter(|(l, _)| l == lease)
-                .map(|(_, at)| *at)
-                .collect()
-        }
-    }
-
-    fn unused() -> Denial {
-        Denial::Unavailable("not used here".to_owned())
-    }
-
-    #[async_trait]
-    impl Limiter for Recorder {
-        async fn admit(
-            &self,
-            _: i64,
-            _: &KeyLimits,
-            _: &Cost,
-            _: &Lease,
-        ) -> Result<Admitted, Denial> {
-            Err(unused())
-        }
-        async fn wait_turn(
-            &self,
-            _: i64,
-            _: &KeyLimits,
-            _: &Cost,
-            _: &Lease,
-        ) -> Result<Grant, Denial> {
-            Err(unused())
-        }
-        async fn leave(&self, _: i64, _: &Lease) -> Result<(), Denial> {
-            Err(unused())
-        }
-        async fn finish(&self, _: i64, _: &Lease, _: &Grant, _: u64) -> Result<(), Denial> {
-            Err(unused())
-        }
-        async fn renew(&self, _: i64, lease: &Lease) -> Result<(), Denial> {
-            self.renewed
-                .lock()
-                .unwrap()
-                .push((lease.to_owned(), Instant::now()));
-            Ok(())
-        }
-        fn lease_renewal(&self) -> Option<Duration> {
-            Some(EVERY)
-        }
-        async fn usage(&self, _: i64, _: Month) -> Result<Usage, Denial> {
-            Err(unused())
-        }
-        async fn occupancy(&self, _: i64) -> Result<(u32, u32), Denial> {
-            Err(unused())
-        }
-    }
+    use crate::admission::fake::{Backend, RENEWAL as EVERY};
 
     /// In the runtime's paused time: a held lease is renewed within one period of being
     /// held and then never more than a period apart; a short one is never renewed, and
     /// one dropped is renewed no more.
     #[tokio::test(start_paused = true)]
     async fn held_leases_are_renewed_at_least_every_period_and_dropped_ones_no_more() {
-        let recorder = Arc::new(Recorder::default());
-        let renewals = Renewals::start(recorder.clone()).unwrap();
+        let backend = Arc::new(Backend::default());
+        backend.up.store(true, Ordering::SeqCst);
+        let renewals = Renewals::start(backend.clone()).unwrap();
         let start = Instant::now();
         let long = renewals.hold(1, "long");
         // Held half-way between two ticks.
@@ -240,7 +174,7 @@ mod tests {
             ("long", start, Instant::now()),
             ("late", held_at, dropped_at),
         ] {
-            let renewed = recorder.renewals_of(lease);
+            let renewed = backend.renewals_of(lease);
             assert!(renewed.len() >= 3, "{lease}: {renewed:?}");
             let mut last = from;
             for at in renewed.iter().copied().chain([to]) {
@@ -252,9 +186,9 @@ mod tests {
                 last = at;
             }
         }
-        assert!(recorder.renewals_of("short").is_empty());
+        assert!(backend.renewals_of("short").is_empty());
         assert!(
-            recorder
+            backend
                 .renewals_of("late")
                 .iter()
                 .all(|at| *at <= dropped_at)
