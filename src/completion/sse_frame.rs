@@ -246,6 +246,19 @@ impl<'a> Walk<'a> {
         }
     }
 
+    /// An object's key: a string with no escape in it (`None` for one that has one, which
+    /// is left to serde). Found in one search for its end, which stops at a backslash too.
+    fn key(&mut self) -> Option<&'a [u8]> {
+        self.eat(b'"')?;
+        let start = self.at;
+        let len = memchr::memchr2(b'"', b'\\', self.bytes.get(start..)?)?;
+        if self.bytes[start + len] != b'"' {
+            return None;
+        }
+        self.at = start + len + 1;
+        Some(&self.bytes[start..start + len])
+    }
+
     /// An object's members, each key given to `member`, which must consume its value.
     /// An escaped key is left to serde.
     fn object(&mut self, mut member: impl FnMut(&mut Self, &'a [u8]) -> Option<()>) -> Option<()> {
@@ -254,10 +267,7 @@ impl<'a> Walk<'a> {
             return Some(());
         }
         loop {
-            let key = self.string()?;
-            if key.contains(&b'\\') {
-                return None;
-            }
+            let key = self.key()?;
             self.eat(b':')?;
             member(self, key)?;
             if self.closes(b'}')? {
