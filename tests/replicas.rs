@@ -24,17 +24,19 @@ mod common {
     pub mod jobs;
     pub mod postgres;
     pub mod processes;
+    pub mod redis_server;
 }
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::postgres::FreshDatabase;
 use common::processes::{FLEETGATE, MockNode, Proc, serve, signal, start_mock};
+use common::redis_server::{RedisServer, free_port};
 use sqlx::{AssertSqlSafe, Connection as _, PgConnection};
 
 use bytes::Bytes;
@@ -201,62 +203,6 @@ impl OneGateway {
             _mock: mock,
             _dir: dir,
         }
-    }
-}
-
-/// A TCP port that was free a moment ago.
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
-}
-
-/// A private `redis-server` without persistence; killed (SIGKILL) when dropped.
-struct RedisServer(Child);
-
-impl RedisServer {
-    /// Starts it on `port` and waits until it answers PING.
-    async fn start(port: u16) -> Self {
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("redis-server on PATH");
-        let mut server = Self(child);
-        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
-        bounded(SOON, "redis-server answers PING", async {
-            loop {
-                if let Some(status) = server.0.try_wait().unwrap() {
-                    panic!("redis-server on port {port} exited at start: {status}");
-                }
-                let pong = async {
-                    let mut connection = client.get_multiplexed_async_connection().await?;
-                    redis::cmd("PING")
-                        .query_async::<String>(&mut connection)
-                        .await
-                };
-                if matches!(timeout(Duration::from_secs(1), pong).await, Ok(Ok(_))) {
-                    return;
-                }
-                // An outside process: poll until it is up.
-                tokio::time::sleep(POLL).await;
-            }
-        })
-        .await;
-        server
-    }
-
-    /// SIGKILL, as a crash.
-    fn kill(&mut self) {
-        self.0.kill().unwrap();
-        self.0.wait().unwrap();
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 

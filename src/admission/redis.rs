@@ -336,13 +336,10 @@ impl RedisLimiter {
     fn pipe(&self) -> (u64, wire::Pipe) {
         let mut slot = self.connection.lock().unwrap_or_else(|p| p.into_inner());
         let slot = &mut *slot;
-        let opened = this_runtimes(&mut slot.generation, &mut slot.pipes, || {
+        let Ok(opened) = this_runtimes(&mut slot.generation, &mut slot.pipes, || {
             Ok::<_, std::convert::Infallible>(wire::Pipe::open(Arc::clone(&self.endpoint)))
         });
-        match opened {
-            Ok(pipe) => pipe,
-            Err(never) => match never {},
-        }
+        opened
     }
 
     /// Runs one Redis call on the shared connection, bounded in time; any failure is

@@ -7,6 +7,7 @@
 //! the submodules they use.
 
 pub mod postgres;
+pub mod redis_server;
 
 use std::collections::BTreeMap;
 use std::path::Path;

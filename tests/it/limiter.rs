@@ -28,6 +28,8 @@ use futures_util::future::join_all;
 use tokio::sync::mpsc;
 use tokio::time::timeout;
 
+use crate::common::redis_server::{RedisServer, free_port};
+
 const REDIS_URL_VAR: &str = "TEST_REDIS_URL";
 
 /// Upper bound for anything that should happen promptly.
@@ -1056,7 +1058,7 @@ async fn recovers_when_redis_returns() {
     assert_eq!(a.usage(1, month).await.unwrap().used, 100);
     a.finish(1, "a", &g, 5).await.unwrap();
 
-    server.stop();
+    server.kill();
     expect_unavailable("admit", a.admit(1, &limits, &each, "b")).await;
     expect_unavailable("usage", a.usage(1, month)).await;
 
@@ -1131,68 +1133,6 @@ async fn authenticates_and_selects_its_database() {
     )
     .unwrap();
     every_call_is_unavailable(&wrong, 1).await;
-}
-
-/// A port nothing listens on (free when asked).
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
-}
-
-/// A throwaway redis-server on `port`, without persistence; killed when dropped.
-struct RedisServer(std::process::Child);
-
-impl RedisServer {
-    async fn start(port: u16) -> Self {
-        Self::start_with(port, &[], &format!("redis://127.0.0.1:{port}")).await
-    }
-
-    /// With more arguments for redis-server; `url` reaches it once it is up.
-    async fn start_with(port: u16, args: &[&str], url: &str) -> Self {
-        let child = std::process::Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .args(args)
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("redis-server on PATH");
-        let server = Self(child);
-        soon("redis-server accepts connections", async {
-            // An outside process: poll until it is up.
-            let mut poll = tokio::time::interval(Duration::from_millis(20));
-            loop {
-                poll.tick().await;
-                let ready = redis::Client::open(url)
-                    .unwrap()
-                    .get_multiplexed_async_connection()
-                    .await
-                    .is_ok();
-                if ready {
-                    break;
-                }
-            }
-        })
-        .await;
-        server
-    }
-
-    fn stop(&mut self) {
-        self.0.kill().unwrap();
-        self.0.wait().unwrap();
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 // ---------------------------------------------------------------------------------------
