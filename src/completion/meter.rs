@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 
 use bytes::{Bytes, BytesMut};
 
+use crate::completion::sse_frame;
 pub use crate::completion::sse_frame::Counts;
-use crate::completion::sse_frame::{self, Frame};
 
 /// A frame longer than this without its terminator is passed through unread.
 const MAX_FRAME: usize = 1 << 20;
@@ -48,8 +48,8 @@ struct FrameReader {
 /// What a stream's frames said about its tokens.
 #[derive(Default)]
 struct Tally {
-    /// The frame being read (its buffer reused from frame to frame).
-    frame: Frame,
+    /// Reads each frame (and remembers the last, see [`sse_frame::Reader`]).
+    reader: sse_frame::Reader,
     usage: Option<Counts>,
     /// Tokens seen per choice index (from logprobs, running usage, or one per frame);
     /// a B-tree, as a stream has a choice or a few and hashing the index per frame cost
@@ -229,10 +229,9 @@ impl Tally {
         let Some(data) = frame_data(frame) else {
             return true;
         };
-        if !sse_frame::read(data, &mut self.frame) {
+        let Some(chunk) = self.reader.read(data) else {
             return true;
-        }
-        let chunk = &self.frame;
+        };
         if chunk.choices.is_empty()
             && let Some(usage) = chunk.usage
         {
