@@ -4,12 +4,11 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll};
 
-use futures_util::task::AtomicWaker;
 use tokio_util::sync::CancellationToken;
+
+use crate::completion::watch::Watch;
 
 /// Resolves, with the reason, when a relayed body must be cut short.
 pub type Cut = Pin<Box<dyn Future<Output = &'static str> + Send>>;
@@ -26,59 +25,20 @@ pub fn cut(draining: CancellationToken, lost: CancellationToken) -> Cut {
     })
 }
 
-/// A [`Cut`] that costs next to nothing to look at until it may have happened. Polling
-/// the cut itself polls two cancellation tokens, each behind a mutex; a paced stream
-/// would do that at every frame. The watch polls it only with a waker of its own that
-/// notes each wake-up (and passes it on to the task), so a look in between is an atomic
-/// swap.
-pub struct CutWatch {
-    cut: Cut,
-    woken: Arc<Woken>,
-    /// `woken` as a waker, made once.
-    waker: Waker,
-}
-
-struct Woken {
-    /// Set by each wake-up of the cut (and at the start): the next look polls it.
-    again: AtomicBool,
-    /// The task that looks, woken in turn.
-    task: AtomicWaker,
-}
-
-impl Wake for Woken {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.again.store(true, Ordering::Release);
-        self.task.wake();
-    }
-}
+/// A [`Cut`] that costs next to nothing to look at until it may have happened: polling
+/// the cut itself polls two cancellation tokens, each behind a mutex, and a paced
+/// stream looks at every frame.
+pub struct CutWatch(Watch<Cut>);
 
 impl CutWatch {
     pub fn new(cut: Cut) -> Self {
-        let woken = Arc::new(Woken {
-            again: AtomicBool::new(true),
-            task: AtomicWaker::new(),
-        });
-        Self {
-            cut,
-            waker: Waker::from(Arc::clone(&woken)),
-            woken,
-        }
+        Self(Watch::new(cut))
     }
 
     /// Ready with the reason once the body must be cut; until then, the task of `cx` is
     /// woken when it is.
     pub fn poll(&mut self, cx: &mut Context<'_>) -> Poll<&'static str> {
-        self.woken.task.register(cx.waker());
-        if !self.woken.again.swap(false, Ordering::AcqRel) {
-            return Poll::Pending;
-        }
-        self.cut
-            .as_mut()
-            .poll(&mut Context::from_waker(&self.waker))
+        self.0.poll_with(cx, |cut, cx| cut.as_mut().poll(cx))
     }
 }
 

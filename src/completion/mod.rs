@@ -15,6 +15,7 @@ pub mod relay;
 pub mod request;
 pub mod settle;
 pub mod sse_frame;
+pub mod watch;
 
 use axum::Extension;
 use axum::body::Body;

@@ -25,6 +25,7 @@ use crate::completion::cut::{Cut, CutWatch};
 use crate::completion::dispatch::stopped_answering;
 use crate::completion::meter::Meter;
 use crate::completion::settle::{Settlement, Settling};
+use crate::completion::watch::Watch;
 use crate::error::ApiError;
 use crate::metrics::{UpstreamMetrics, UpstreamOutcome};
 use crate::upstream::{Answer, ByteStream, upstream_rejection};
@@ -81,7 +82,7 @@ pub async fn relay(
     // closes its connection, and vLLM aborts the generation; the settlement charges
     // what was relayed so far.
     let body = Metered {
-        inner: upstream.into_body(),
+        inner: Watch::new(upstream.into_body()),
         settlement,
         rest: None,
         settling: None,
@@ -156,7 +157,9 @@ enum FirstOut {
 }
 
 struct Metered {
-    inner: ByteStream,
+    /// Polled again only once it may have more: hyper polls the body again after each
+    /// piece, and at a realistic pace the upstream's answer to that is always `Pending`.
+    inner: Watch<ByteStream>,
     settlement: Settlement,
     /// Bytes still to send once the upstream has ended.
     rest: Option<Bytes>,
@@ -220,7 +223,7 @@ impl Stream for Metered {
                     if let Poll::Ready(reason) = this.cut.poll(cx) {
                         return this.cut_short(reason);
                     }
-                    match this.inner.as_mut().poll_next(cx) {
+                    match this.inner.poll_with(cx, |s, cx| s.as_mut().poll_next(cx)) {
                         Poll::Pending => return Poll::Pending,
                         Poll::Ready(Some(Ok(chunk))) => {
                             if std::mem::replace(&mut this.first_seen, true) {
@@ -272,7 +275,7 @@ impl Metered {
     fn gather(&mut self, chunk: Bytes, cx: &mut Context<'_>) {
         self.settlement.meter.push(chunk);
         while self.end.is_none() && self.settlement.meter.held() < GATHER_MAX {
-            match self.inner.as_mut().poll_next(cx) {
+            match self.inner.poll_with(cx, |s, cx| s.as_mut().poll_next(cx)) {
                 Poll::Ready(Some(Ok(chunk))) => self.settlement.meter.push(chunk),
                 Poll::Ready(Some(Err(err))) => self.end = Some(Some(err)),
                 Poll::Ready(None) => self.end = Some(None),
