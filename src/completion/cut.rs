@@ -4,11 +4,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
 
 use tokio_util::sync::CancellationToken;
-
-use crate::completion::watch::Watch;
 
 /// Resolves, with the reason, when a relayed body must be cut short.
 pub type Cut = Pin<Box<dyn Future<Output = &'static str> + Send>>;
@@ -25,26 +22,12 @@ pub fn cut(draining: CancellationToken, lost: CancellationToken) -> Cut {
     })
 }
 
-/// A [`Cut`] that costs next to nothing to look at until it may have happened: polling
-/// the cut itself polls two cancellation tokens, each behind a mutex, and a paced
-/// stream looks at every frame.
-pub struct CutWatch(Watch<Cut>);
-
-impl CutWatch {
-    pub fn new(cut: Cut) -> Self {
-        Self(Watch::new(cut))
-    }
-
-    /// Ready with the reason once the body must be cut; until then, the task of `cx` is
-    /// woken when it is.
-    pub fn poll(&mut self, cx: &mut Context<'_>) -> Poll<&'static str> {
-        self.0.poll_with(cx, |cut, cx| cut.as_mut().poll(cx))
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::task::Poll;
+
     use super::*;
+    use crate::completion::watch::Watch;
 
     #[tokio::test]
     async fn a_watch_sees_either_token_and_wakes_its_task() {
@@ -53,12 +36,15 @@ mod tests {
             (false, "the model server stopped answering"),
         ] {
             let (drain, lost) = (CancellationToken::new(), CancellationToken::new());
-            let mut watch = CutWatch::new(cut(drain.clone(), lost.clone()));
+            let mut watch = Watch::new(cut(drain.clone(), lost.clone()));
+            let mut look = |cx: &mut std::task::Context<'_>| {
+                watch.poll_with(cx, |cut, cx| cut.as_mut().poll(cx))
+            };
             // Pending, looked at many times (as a stream does), then cut from another
             // task: the waiting task is woken and the watch has the reason.
             for _ in 0..3 {
                 assert!(
-                    std::future::poll_fn(|cx| Poll::Ready(watch.poll(cx)))
+                    std::future::poll_fn(|cx| Poll::Ready(look(cx)))
                         .await
                         .is_pending()
                 );
@@ -67,7 +53,7 @@ mod tests {
             tokio::spawn(async move { token.cancel() });
             let got = tokio::time::timeout(
                 std::time::Duration::from_secs(5),
-                std::future::poll_fn(|cx| watch.poll(cx)),
+                std::future::poll_fn(&mut look),
             )
             .await
             .expect("the cut wakes the task that watches it");

@@ -22,7 +22,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use hyper::body::Frame;
 
-use crate::completion::cut::{Cut, CutWatch};
+use crate::completion::cut::Cut;
 use crate::completion::dispatch::stopped_answering;
 use crate::completion::meter::Meter;
 use crate::completion::settle::{Settlement, Settling};
@@ -93,7 +93,7 @@ pub async fn relay(
         ended: false,
         timing,
         first_seen: false,
-        cut: CutWatch::new(cut),
+        cut: Watch::new(cut),
         _span: span,
     };
     response.body(Body::new(body)).map_err(ApiError::internal)
@@ -174,8 +174,9 @@ struct Metered {
     ended: bool,
     timing: Timing,
     first_seen: bool,
-    /// Looked at before each read from the upstream.
-    cut: CutWatch,
+    /// Looked at before each read from the upstream; polling the cut itself locks two
+    /// cancellation tokens' mutexes, and a paced stream looks at every frame.
+    cut: Watch<Cut>,
     /// Open while the body is relayed: the relay's span ends with the body, not when
     /// the response head goes out.
     _span: tracing::Span,
@@ -207,51 +208,51 @@ impl hyper::body::Body for Metered {
 impl Metered {
     /// The next piece of the answer for the client.
     fn poll_piece(&mut self, cx: &mut Context<'_>) -> Poll<Option<io::Result<Bytes>>> {
-        let this = self;
-        if this.first_out == FirstOut::Handed {
-            this.first_out = FirstOut::Written;
+        if self.first_out == FirstOut::Handed {
+            self.first_out = FirstOut::Written;
             cx.waker().wake_by_ref();
             return Poll::Pending;
         }
         loop {
-            if let Some(rest) = this.rest.take() {
+            if let Some(rest) = self.rest.take() {
                 return Poll::Ready(Some(Ok(rest)));
             }
-            if let Some(settling) = this.settling.as_mut() {
+            if let Some(settling) = self.settling.as_mut() {
                 // A failed settlement has logged its error; the body ends either way.
                 ready!(Pin::new(settling).poll(cx));
-                this.settling = None;
+                self.settling = None;
             }
-            if this.ended {
+            if self.ended {
                 return Poll::Ready(None);
             }
-            if matches!(this.end, Some(Some(_))) && !std::mem::replace(&mut this.yielded, true) {
+            if matches!(self.end, Some(Some(_))) && !std::mem::replace(&mut self.yielded, true) {
                 // An error makes hyper drop the connection with whatever it still holds
                 // unwritten: yield once, so the bytes relayed before it are written first.
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             }
-            let end = match this.end.take() {
+            let end = match self.end.take() {
                 Some(end) => end,
                 None => {
-                    if let Poll::Ready(reason) = this.cut.poll(cx) {
-                        return this.cut_short(reason);
+                    if let Poll::Ready(reason) = self.cut.poll_with(cx, |c, cx| c.as_mut().poll(cx))
+                    {
+                        return self.cut_short(reason);
                     }
-                    match this.inner.poll_with(cx, |s, cx| s.as_mut().poll_next(cx)) {
+                    match self.inner.poll_with(cx, |s, cx| s.as_mut().poll_next(cx)) {
                         Poll::Pending => return Poll::Pending,
                         Poll::Ready(Some(Ok(chunk))) => {
-                            if std::mem::replace(&mut this.first_seen, true) {
-                                this.gather(chunk, cx);
+                            if std::mem::replace(&mut self.first_seen, true) {
+                                self.gather(chunk, cx);
                             } else {
                                 // The first bytes go out at once: gathering would hold a
                                 // fast stream's first frame until more had come.
-                                this.timing.metrics.first_byte(this.timing.sent);
-                                this.settlement.meter.push(chunk);
+                                self.timing.metrics.first_byte(self.timing.sent);
+                                self.settlement.meter.push(chunk);
                             }
-                            let out = this.settlement.meter.take();
+                            let out = self.settlement.meter.take();
                             if !out.is_empty() {
-                                if this.first_out == FirstOut::Ahead {
-                                    this.first_out = FirstOut::Handed;
+                                if self.first_out == FirstOut::Ahead {
+                                    self.first_out = FirstOut::Handed;
                                 }
                                 return Poll::Ready(Some(Ok(out)));
                             }
@@ -262,14 +263,14 @@ impl Metered {
                     }
                 }
             };
-            this.ended = true;
-            this.settling = this.settlement.settle();
+            self.ended = true;
+            self.settling = self.settlement.settle();
             match end {
                 Some(err) => return Poll::Ready(Some(Err(err))),
                 None => {
-                    this.timing.metrics.finished(this.timing.sent);
-                    let rest = this.settlement.meter.finish();
-                    this.rest = (!rest.is_empty()).then_some(rest);
+                    self.timing.metrics.finished(self.timing.sent);
+                    let rest = self.settlement.meter.finish();
+                    self.rest = (!rest.is_empty()).then_some(rest);
                 }
             }
         }

@@ -30,7 +30,7 @@ pub struct Counts {
 }
 
 /// What a frame says, kept between frames so that reading one allocates nothing.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Frame {
     pub choices: Vec<Choice>,
     pub usage: Option<Counts>,
@@ -115,11 +115,8 @@ impl Reader {
         if end < string.start || &data[end..] != rest {
             return false;
         }
-        let mut json = Walk {
-            bytes: data,
-            at: string.start - 1,
-            strings: Vec::new(),
-        };
+        let mut json = Walk::new(data);
+        json.at = string.start - 1;
         json.string().is_some() && json.at == end + 1
     }
 }
@@ -142,18 +139,6 @@ fn common_prefix(a: &[u8], b: &[u8]) -> usize {
         .zip(&b[same..])
         .take_while(|(x, y)| x == y)
         .count()
-}
-
-/// Reads the JSON payload of a `data:` frame into `frame`, by itself (a [`Reader`]
-/// reads a stream's); false when it is not a completion chunk.
-#[cfg(test)]
-fn read(data: &[u8], frame: &mut Frame) -> bool {
-    frame.clear();
-    if walk(&mut Walk::new(data), frame).is_some() {
-        return true;
-    }
-    frame.clear();
-    parse(data, frame)
 }
 
 /// The token counts of the usage object `data` starts with (what follows it is not
@@ -494,6 +479,11 @@ mod tests {
         parse(data, &mut frame).then_some(frame)
     }
 
+    /// What a reader that has read nothing before makes of `data`.
+    fn alone(data: &[u8]) -> Option<Frame> {
+        Reader::default().read(data).cloned()
+    }
+
     fn by_walk(data: &[u8]) -> Option<Frame> {
         let mut frame = Frame::default();
         walk(&mut Walk::new(data), &mut frame).map(|()| frame)
@@ -533,9 +523,7 @@ mod tests {
             if let Some(walked) = by_walk(data.as_bytes()) {
                 assert_eq!(Some(walked), serde, "{data}");
             }
-            let mut frame = Frame::default();
-            let read = read(data.as_bytes(), &mut frame);
-            assert_eq!(read.then_some(frame), serde, "{data}");
+            assert_eq!(alone(data.as_bytes()), serde, "{data}");
         }
     }
 
@@ -625,12 +613,7 @@ mod tests {
                 walked += 1;
                 assert_eq!(Some(frame), serde, "{data}");
             }
-            let mut frame = Frame::default();
-            assert_eq!(
-                read(data.as_bytes(), &mut frame).then_some(frame),
-                serde,
-                "{data}"
-            );
+            assert_eq!(alone(data.as_bytes()), serde, "{data}");
         }
         assert!(
             walked > 1_000,
@@ -701,30 +684,24 @@ mod tests {
         for data in &FRAMES[..6] {
             for cut in 0..data.len() {
                 let part = &data.as_bytes()[..cut];
-                let mut frame = Frame::default();
-                let read = read(part, &mut frame);
+                let read = alone(part);
                 // A cut frame is not JSON; whatever the walk makes of it must not panic,
                 // and where serde reads it the two agree.
                 if let Some(serde) = by_serde(part) {
-                    assert!(read);
-                    assert_eq!(frame, serde, "{data} cut at {cut}");
+                    assert_eq!(read, Some(serde), "{data} cut at {cut}");
                 }
             }
         }
     }
 
-    /// Checks what a [`Reader`] that has read `before` makes of `data` against what `read`
-    /// alone does; true when the reader did not walk it.
+    /// Checks what a [`Reader`] that has read `before` makes of `data` against what a
+    /// reader makes of it alone; true when the reader did not walk it.
     fn reader_agrees(before: &[u8], data: &[u8]) -> bool {
         let mut reader = Reader::default();
         reader.read(before);
         let unwalked = !reader.last.is_empty() && reader.differs_inside_one_string(data);
-        let mut alone = Frame::default();
-        let expected = read(data, &mut alone).then_some(alone);
-        let got = reader.read(data).map(|f| Frame {
-            choices: f.choices.clone(),
-            usage: f.usage,
-        });
+        let expected = alone(data);
+        let got = reader.read(data).cloned();
         assert_eq!(
             got,
             expected,
