@@ -1006,6 +1006,47 @@ async fn a_frozen_redis_leaves_no_phantom_slots() {
     assert_eq!(usage["used"], 2 * (4 + 2), "{usage}");
 }
 
+/// A client that goes away while its admission is on its way to Redis leaves nothing
+/// behind: Redis runs the admission script all the same (here once it resumes from a
+/// freeze) and gives the gone request a running slot and a reservation, which the
+/// gateway gives back at once — not when the lease lapses, and not with its reservation
+/// counted against the budget for two minutes after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis-server on PATH"]
+async fn a_client_gone_during_its_admission_leaves_no_slot_or_reservation() {
+    let setup = OneGateway::new("gone", 0, &["--max-concurrent", "1"]);
+    let (port, config, api) = (setup.port, &setup.config, setup.api.clone());
+    let quick = json!({"model": MODEL, "prompt": [1, 2, 3, 4], "max_tokens": 2});
+    let redis = RedisServer::start(port).await;
+    let (_gateway, url) = serve(config, "gateway");
+    let (charged, _) = until_admitted(&api, &url, &quick).await;
+
+    signal(&redis.0, "STOP");
+    // The client gives up well before the gateway's own bound on the call (500 ms), so
+    // the request is dropped while it waits for Redis's answer.
+    let gone = api
+        .client
+        .post(format!("{url}/v1/completions"))
+        .bearer_auth(&api.key)
+        .json(&quick)
+        .timeout(Duration::from_millis(200))
+        .send()
+        .await;
+    assert!(gone.is_err_and(|e| e.is_timeout()), "the client gave up");
+    signal(&redis.0, "CONT");
+
+    let usage = api
+        .wait_usage(
+            &url,
+            "the gone request's slot and reservation given back",
+            |u| u["running"] == 0 && u["queued"] == 0 && u["reserved"] == 0,
+        )
+        .await;
+    assert_eq!(usage["used"], charged, "{usage}");
+    let after = api.complete_within(ANSWER, &url, &quick).await;
+    assert_eq!(after.status(), 200, "the key's one slot is free");
+}
+
 /// Requests that end while Redis is frozen (SIGSTOP) cannot settle their live counters
 /// then; their settlements are retried until Redis confirms them, so once it resumes the
 /// key's `used` counter, the ledger and what the clients were told all agree, and no

@@ -44,7 +44,7 @@ impl Throttled {
 }
 
 /// Admits `lease` (the request id) for `key`, waiting in line if needed. A client that
-/// goes away while waiting leaves the queue.
+/// goes away meanwhile gives back whatever the limiter may have given it ([`Asking`]).
 pub async fn admit(
     state: &AppState,
     key: i64,
@@ -53,31 +53,27 @@ pub async fn admit(
     lease: &str,
 ) -> Result<Grant, ApiError> {
     let limiter = state.limiter();
+    let mut asking = Asking::new(state, key, lease);
     let outcome = match limiter.admit(key, limits, cost, lease).await {
         Ok(Admitted::Running(grant)) => Ok(grant),
         Ok(Admitted::Queued) => {
             let _queued = state.metrics().admission_queued();
-            let mut place = QueuePlace {
-                state,
-                key,
-                lease,
-                waiting: true,
-            };
-            let turn = limiter.wait_turn(key, limits, cost, lease).await;
-            place.waiting = false;
-            turn
+            asking.queued = true;
+            limiter.wait_turn(key, limits, cost, lease).await
         }
         Err(denial) => Err(denial),
     };
+    asking.answered();
     match outcome {
         Ok(grant) => Ok(grant),
         Err(denial) => Err(refused(state, key, limits, lease, denial).await),
     }
 }
 
-/// Whether `lease` would be admitted now, without keeping what it takes: a running slot
-/// taken is given back at once, a queue place left (a free place in the queue is an
-/// admission too). Refusals are [`admit`]'s; the rate counts the start.
+/// Whether `lease` would be admitted now, as [`admit`] would admit it, without keeping
+/// what it takes: a running slot taken is given back at once, a queue place left (a
+/// free place in the queue is an admission too). Refusals are [`admit`]'s; the rate
+/// counts the start.
 pub async fn check(
     state: &AppState,
     key: i64,
@@ -86,11 +82,19 @@ pub async fn check(
     lease: &str,
 ) -> Result<(), ApiError> {
     let limiter = state.limiter();
+    let mut asking = Asking::new(state, key, lease);
     let given_back = match limiter.admit(key, limits, cost, lease).await {
         Ok(Admitted::Running(grant)) => limiter.finish(key, lease, &grant, 0).await,
-        Ok(Admitted::Queued) => limiter.leave(key, lease).await,
-        Err(denial) => return Err(refused(state, key, limits, lease, denial).await),
+        Ok(Admitted::Queued) => {
+            asking.queued = true;
+            limiter.leave(key, lease).await
+        }
+        Err(denial) => {
+            asking.answered();
+            return Err(refused(state, key, limits, lease, denial).await);
+        }
     };
+    asking.answered();
     if let Err(err) = given_back {
         // The shared counters' leases expire: what could not be given back now comes
         // back then.
@@ -167,18 +171,53 @@ pub fn budget_exceeded(budget: u64, usage: Usage, needed: u64, month: Month) -> 
     }
 }
 
-/// A place in a key's queue, given up if the waiting future is dropped (the client
-/// disconnected while waiting).
-struct QueuePlace<'a> {
+/// An admission whose outcome the request does not have yet: from the first call to
+/// the limiter until its answer is in hand. Dropped before that (the client went away,
+/// and the request with it), what the limiter may have given it is given back. A
+/// shared backend runs a call it has received whether or not anybody still waits for
+/// the answer: the running slot it gave would be held until its lease lapsed, and the
+/// slot's reservation counted against the key's budget for [`LAPSED_KEEP`] after; so
+/// the lease is handed to the give-back task, which leaves the queue and finishes the
+/// lease with nothing used (both idempotent). In process, a step is applied whole
+/// before it answers, and only a queue place can be left behind.
+///
+/// [`LAPSED_KEEP`]: crate::admission::redis::LAPSED_KEEP
+struct Asking<'a> {
     state: &'a AppState,
     key: i64,
     lease: &'a str,
-    waiting: bool,
+    /// The lease is (or was) in the key's queue.
+    queued: bool,
+    answered: bool,
 }
 
-impl Drop for QueuePlace<'_> {
+impl<'a> Asking<'a> {
+    fn new(state: &'a AppState, key: i64, lease: &'a str) -> Self {
+        Self {
+            state,
+            key,
+            lease,
+            queued: false,
+            answered: false,
+        }
+    }
+
+    /// The request has the outcome, and takes care of it from here.
+    fn answered(&mut self) {
+        self.answered = true;
+    }
+}
+
+impl Drop for Asking<'_> {
     fn drop(&mut self) {
-        if !self.waiting {
+        if self.answered {
+            return;
+        }
+        if let Some(give_back) = self.state.give_back() {
+            give_back.push(self.key, self.lease);
+            return;
+        }
+        if !self.queued {
             return;
         }
         let limiter = self.state.limiter_handle();
