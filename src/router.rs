@@ -7,8 +7,8 @@ use axum::Router;
 use axum::middleware;
 use axum::routing::get;
 use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::compression::CompressionLayer;
-use tower_http::compression::predicate::{NotForContentType, Predicate, SizeAbove};
+use tower_http::compression::Compression;
+use tower_http::compression::predicate::{And, NotForContentType, Predicate, SizeAbove};
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -24,6 +24,25 @@ use crate::{admin, completion, jobs, models, ops, usage, workbench};
 /// KiB, zeroed for every response) costs far more than the few hundred bytes it would
 /// save, and a short answer fits in one TCP segment either way.
 const COMPRESS_MIN_BYTES: u64 = 1024;
+
+/// What [`compressed`] compresses: answers of at least [`COMPRESS_MIN_BYTES`], neither
+/// gRPC, images nor event streams.
+pub type CompressWhen =
+    And<And<And<SizeAbove, NotForContentType>, NotForContentType>, NotForContentType>;
+
+/// [`build_router`]'s service with its answers compressed, as the listener
+/// (`connections`) serves it: the final body is compressed, error envelopes included,
+/// and event streams and short answers are left alone. As the router's own outermost
+/// layer, compression would have its response body boxed once more (a router's layers
+/// answer with a boxed body): one more layer for every frame of every stream to pass.
+pub fn compressed<S>(service: S) -> Compression<S, CompressWhen> {
+    Compression::new(service).compress_when(
+        SizeAbove::new(COMPRESS_MIN_BYTES)
+            .and(NotForContentType::GRPC)
+            .and(NotForContentType::IMAGES)
+            .and(NotForContentType::SSE),
+    )
+}
 
 /// The key-protected `/v1` routes.
 fn v1_routes() -> OpenApiRouter<AppState> {
@@ -92,9 +111,8 @@ pub fn build_router(state: AppState) -> Router {
     let swagger = SwaggerUi::new("/swagger").url("/openapi.json", openapi_document());
     let traced = state.config().traces.enabled();
 
-    // Layers run outside-in for requests, inside-out for responses:
-    // - compression is outermost so it compresses the final body, error envelopes
-    //   included (it leaves text/event-stream and short answers alone);
+    // Layers run outside-in for requests, inside-out for responses (compression goes
+    // around all of them: see `compressed`):
     // - the envelope sets the request id before tracing opens its span, and renders
     //   every error response produced beneath it, panics included;
     // - the request record sits inside the envelope so it sees each error's code before
@@ -122,13 +140,5 @@ pub fn build_router(state: AppState) -> Router {
             request_span::request_span(traced, request, next)
         }))
         .layer(middleware::from_fn(envelope::envelope))
-        .layer(
-            CompressionLayer::new().compress_when(
-                SizeAbove::new(COMPRESS_MIN_BYTES)
-                    .and(NotForContentType::GRPC)
-                    .and(NotForContentType::IMAGES)
-                    .and(NotForContentType::SSE),
-            ),
-        )
         .with_state(state)
 }

@@ -20,12 +20,20 @@ use bytes::Bytes;
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::service::TowerToHyperService;
 use tower_http::add_extension::AddExtension;
+use tower_http::compression::{Compression, CompressionBody};
 
-/// The router, with the client's address in every request's extensions.
-pub(super) type Routed = TowerToHyperService<AddExtension<Router, ConnectInfo<SocketAddr>>>;
+use crate::router::{CompressWhen, compressed};
+
+/// The router, with the client's address in every request's extensions, and its
+/// answers compressed (`router::compressed`).
+pub(super) type Routed =
+    TowerToHyperService<Compression<AddExtension<Router, ConnectInfo<SocketAddr>>, CompressWhen>>;
+
+/// What hyper sends: the router's answer, compressed or not.
+type Answer = Response<CompressionBody<Body>>;
 
 pub(super) fn routed(router: Router, remote: SocketAddr) -> Routed {
-    TowerToHyperService::new(AddExtension::new(router, ConnectInfo(remote)))
+    TowerToHyperService::new(compressed(AddExtension::new(router, ConnectInfo(remote))))
 }
 
 /// What the requests on one hyper connection showed.
@@ -104,10 +112,10 @@ pub(super) struct ExchangeService {
 }
 
 impl hyper::service::Service<Request<Incoming>> for ExchangeService {
-    type Response = Response<Body>;
+    type Response = Answer;
     type Error = Infallible;
     /// Boxed: hyper hands the socket back only with a service future that is `Unpin`.
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Answer, Infallible>> + Send>>;
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
         let number = self.exchanges.begin(&request);

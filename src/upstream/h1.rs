@@ -575,11 +575,18 @@ fn chunk_size(line: &[u8]) -> Result<u64, Error> {
         .next()
         .unwrap_or_default()
         .trim_ascii();
-    std::str::from_utf8(digits)
-        .ok()
-        .filter(|d| !d.is_empty() && d.len() <= 16)
-        .and_then(|d| u64::from_str_radix(d, 16).ok())
-        .ok_or(Error::Malformed("an unreadable chunk size"))
+    // Read digit by digit rather than as a `str` by `u64::from_str_radix`, whose UTF-8
+    // check alone cost ~60 instructions a frame (one chunk a frame from vLLM).
+    let unreadable = Error::Malformed("an unreadable chunk size");
+    if digits.is_empty() || digits.len() > 16 {
+        return Err(unreadable);
+    }
+    digits
+        .iter()
+        .try_fold(0, |size: u64, &digit| {
+            Some(size << 4 | u64::from(char::from(digit).to_digit(16)?))
+        })
+        .ok_or(unreadable)
 }
 
 impl Stream for Body {
@@ -733,6 +740,32 @@ mod tests {
                 "{}",
                 String::from_utf8_lossy(bad)
             );
+        }
+    }
+
+    #[test]
+    fn chunk_sizes_are_hex_digits_only() {
+        for (line, size) in [
+            (&b"0"[..], 0),
+            (b"1a", 26),
+            (b"1A ; name=value", 26),
+            (b" 404B\t", 0x404b),
+            (b"ffffFFFFffffFFFF", u64::MAX),
+        ] {
+            assert_eq!(chunk_size(line).ok(), Some(size), "{line:?}");
+        }
+        for line in [
+            &b""[..],
+            b" ",
+            b"+5",
+            b"-1",
+            b"0x5",
+            b"5 5",
+            b"g",
+            b"1\xc3\xa9",
+            b"10000000000000000",
+        ] {
+            assert!(chunk_size(line).is_err(), "{line:?}");
         }
     }
 
