@@ -6,7 +6,6 @@
 use axum::Router;
 use axum::middleware;
 use axum::routing::get;
-use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::compression::Compression;
 use tower_http::compression::predicate::{And, NotForContentType, Predicate, SizeAbove};
 use utoipa::OpenApi;
@@ -14,7 +13,6 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use utoipa_swagger_ui::SwaggerUi;
 
-use crate::error::ApiError;
 use crate::http::{auth, envelope, fallback, request_record, request_span};
 use crate::openapi::ApiDoc;
 use crate::state::AppState;
@@ -116,8 +114,8 @@ pub fn build_router(state: AppState) -> Router {
     // - the envelope sets the request id before tracing opens its span, and renders
     //   every error response produced beneath it, panics included;
     // - the request record sits inside the envelope so it sees each error's code before
-    //   the envelope renders it, and outside catch-panic so a panic is logged as a 500;
-    // - catch-panic turns a panic into a 500 that the envelope then renders.
+    //   the envelope renders it; it also turns a panic beneath it into a 500, logged as
+    //   one and rendered by the envelope (`http::panics`).
     Router::new()
         .merge(v1)
         .merge(admin)
@@ -125,13 +123,6 @@ pub fn build_router(state: AppState) -> Router {
         .merge(swagger)
         .fallback(fallback::not_found)
         .method_not_allowed_fallback(fallback::method_not_allowed)
-        .layer(CatchPanicLayer::custom(
-            |_: Box<dyn std::any::Any + Send>| {
-                axum::response::IntoResponse::into_response(ApiError::internal(anyhow::anyhow!(
-                    "handler panicked"
-                )))
-            },
-        ))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             request_record::record,

@@ -1,9 +1,10 @@
 //! HTTP plumbing shared by every route: request ids and the error envelope,
-//! authentication, body reading, fallbacks, the request metadata record.
+//! authentication, body reading, fallbacks, panics answered, the request metadata record.
 
 pub mod auth;
 pub mod body;
 pub mod envelope;
 pub mod fallback;
+pub mod panics;
 pub mod request_record;
 pub mod request_span;

@@ -19,6 +19,7 @@ use axum::response::Response;
 use crate::contract::X_ACS_WORKLOAD;
 use crate::error::ErrorBody;
 use crate::http::envelope::RequestId;
+use crate::http::panics;
 use crate::metrics::{FinishedRequest, Metrics};
 use crate::request_log::RequestLog;
 use crate::state::AppState;
@@ -144,12 +145,13 @@ impl RequestRecord {
 }
 
 /// Opens the record of an API request (inside the envelope middleware, so it sees error bodies before
-/// they are rendered) and releases its own hold when the response is ready.
+/// they are rendered) and releases its own hold when the response is ready. A panic
+/// beneath it is answered (and recorded) as a 500 ([`panics`]).
 pub async fn record(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
     // Only API requests are recorded: health probes, metric scrapes and the docs would
     // drown the log (and the request metrics) in noise.
     if !is_api_path(request.uri().path()) {
-        return next.run(request).await;
+        return panics::caught(next.run(request)).await;
     }
     let request_id = request
         .extensions()
@@ -164,7 +166,7 @@ pub async fn record(State(state): State<AppState>, mut request: Request, next: N
     let endpoint = request.uri().path().chars().take(256).collect();
     let record = RequestRecord::open(&state, request_id, endpoint, workload, client_ip);
     request.extensions_mut().insert(record.clone());
-    let response = next.run(request).await;
+    let response = panics::caught(next.run(request)).await;
     let error_code = response.extensions().get::<ErrorBody>().map(|e| e.code);
     record.set_outcome(response.status().as_u16(), error_code);
     record.release();
