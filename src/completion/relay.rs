@@ -20,6 +20,7 @@ use axum::http::header;
 use axum::response::Response;
 use bytes::Bytes;
 use futures_util::StreamExt;
+use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Frame;
 
 use crate::completion::cut::Cut;
@@ -96,7 +97,11 @@ pub async fn relay(
         cut: Watch::new(cut),
         _span: span,
     };
-    response.body(Body::new(body)).map_err(ApiError::internal)
+    // Boxed as axum's own boxed body, which `Body::new` takes as it is: any other body
+    // it wraps in a layer that maps its errors, one more for every frame to pass.
+    response
+        .body(Body::new(UnsyncBoxBody::new(body)))
+        .map_err(ApiError::internal)
 }
 
 /// Reads a small answer whole, settles, then answers with it. An answer that stops
@@ -189,19 +194,19 @@ pub struct Timing {
     pub sent: Instant,
 }
 
-/// A body of its own rather than a stream made into one: one layer less for each of
-/// hyper's polls, twice a frame.
+/// A body of its own rather than a stream made into one, with axum's error type: one
+/// layer less for each of hyper's polls, twice a frame (see `relay`).
 impl hyper::body::Body for Metered {
     type Data = Bytes;
-    type Error = io::Error;
+    type Error = axum::Error;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<io::Result<Frame<Bytes>>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         self.get_mut()
             .poll_piece(cx)
-            .map(|piece| piece.map(|piece| piece.map(Frame::data)))
+            .map(|piece| piece.map(|piece| piece.map(Frame::data).map_err(axum::Error::new)))
     }
 }
 
