@@ -218,12 +218,34 @@ static REQUEST_LOG_INSERT: std::sync::LazyLock<InsertSql> = std::sync::LazyLock:
     )
 });
 
-/// The ledger's insert of checked rows: one statement for many rows costs a fraction of
-/// one statement per row.
-async fn insert_usage<'e>(
-    rows: &[(&UsageRow, UsageColumns)],
-    on: impl sqlx::SqliteExecutor<'e>,
+/// A multi-row `INSERT`, its values bound.
+type Insert<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>;
+
+/// Runs `insert` (one chunk's statement) for each chunk of `rows` ([`insert_chunks`]):
+/// one statement for many rows costs a fraction of one statement per row. A batch of
+/// one chunk — every batch while requests come one at a time — is one statement, atomic
+/// by itself; a `BEGIN` and a `COMMIT` around it would be two more statements, each a
+/// round trip to the driver's worker thread. More chunks go in one transaction.
+async fn insert_all<'q, T>(
+    pool: &SqlitePool,
+    rows: &'q [T],
+    insert: impl Fn(&'q [T]) -> Insert<'q>,
 ) -> Result<(), sqlx::Error> {
+    let chunks: Vec<_> = insert_chunks(rows).collect();
+    match chunks[..] {
+        [] => return Ok(()),
+        [chunk] => return insert(chunk).execute(pool).await.map(drop),
+        _ => {}
+    }
+    let mut tx = pool.begin().await?;
+    for chunk in chunks {
+        insert(chunk).execute(&mut *tx).await?;
+    }
+    tx.commit().await
+}
+
+/// The ledger's insert of checked rows.
+fn insert_usage<'q>(rows: &'q [(&UsageRow, UsageColumns)]) -> Insert<'q> {
     let mut insert = sqlx::query(USAGE_INSERT.rows(rows.len()));
     for (row, counts) in rows {
         insert = insert
@@ -234,7 +256,31 @@ async fn insert_usage<'e>(
             .bind(counts.completion_tokens)
             .bind(row.created_at);
     }
-    insert.execute(on).await.map(drop)
+    insert
+}
+
+/// The request log's insert.
+fn insert_request_log(rows: &[RequestLogRow]) -> Insert<'_> {
+    let mut insert = sqlx::query(REQUEST_LOG_INSERT.rows(rows.len()));
+    for row in rows {
+        let columns = LogColumns::encode(row);
+        insert = insert
+            .bind(row.request_id.as_str())
+            .bind(row.created_at_ms)
+            .bind(row.key_id)
+            .bind(row.key_prefix.as_deref())
+            .bind(row.email.as_deref())
+            .bind(columns.client_ip)
+            .bind(row.endpoint.as_str())
+            .bind(row.model.as_deref())
+            .bind(columns.prompt_tokens)
+            .bind(columns.completion_tokens)
+            .bind(columns.status)
+            .bind(row.error_code.as_deref())
+            .bind(columns.latency_ms)
+            .bind(row.workload.as_deref());
+    }
+    insert
 }
 
 impl_store!(SqliteStore, sqlx::Sqlite {
@@ -244,53 +290,12 @@ impl_store!(SqliteStore, sqlx::Sqlite {
             .iter()
             .map(|row| Ok((row, UsageColumns::encode(row)?)))
             .collect::<Result<Vec<_>, StoreError>>()?;
-        let chunks: Vec<_> = insert_chunks(&rows).collect();
-        match chunks[..] {
-            [] => return Ok(()),
-            [chunk] => {
-                // One statement is atomic by itself: no BEGIN/COMMIT.
-                insert_usage(chunk, &self.pool).await?;
-                return Ok(());
-            }
-            _ => {}
-        }
-        let mut tx = self.pool.begin().await?;
-        for chunk in chunks {
-            insert_usage(chunk, &mut *tx).await?;
-        }
-        tx.commit().await?;
+        insert_all(&self.pool, &rows, insert_usage).await?;
         Ok(())
     }
 
     async fn append_request_log(&self, rows: &[RequestLogRow]) -> Result<(), StoreError> {
-        if rows.is_empty() {
-            return Ok(());
-        }
-        // Multi-row INSERTs in one transaction, the commit the only sync.
-        let mut tx = self.pool.begin().await?;
-        for chunk in insert_chunks(rows) {
-            let mut insert = sqlx::query(REQUEST_LOG_INSERT.rows(chunk.len()));
-            for row in chunk {
-                let columns = LogColumns::encode(row);
-                insert = insert
-                    .bind(row.request_id.as_str())
-                    .bind(row.created_at_ms)
-                    .bind(row.key_id)
-                    .bind(row.key_prefix.as_deref())
-                    .bind(row.email.as_deref())
-                    .bind(columns.client_ip)
-                    .bind(row.endpoint.as_str())
-                    .bind(row.model.as_deref())
-                    .bind(columns.prompt_tokens)
-                    .bind(columns.completion_tokens)
-                    .bind(columns.status)
-                    .bind(row.error_code.as_deref())
-                    .bind(columns.latency_ms)
-                    .bind(row.workload.as_deref());
-            }
-            insert.execute(&mut *tx).await?;
-        }
-        tx.commit().await?;
+        insert_all(&self.pool, rows, insert_request_log).await?;
         Ok(())
     }
 });

@@ -803,7 +803,9 @@ async fn the_pages_are_served_without_a_key_and_load_nothing_from_elsewhere() {
 
 #[tokio::test]
 async fn the_sweeper_deletes_expired_checkpoints_and_keeps_saved_items() {
-    let gw = with_workbench("checkpoint_ttl_secs = 0\ncheckpoint_sweep_secs = 1").await;
+    // Expiring two seconds on (whole seconds: at least one second after it is made), so a
+    // sweep (one a second) never takes the checkpoint before the first read below.
+    let gw = with_workbench("checkpoint_ttl_secs = 2\ncheckpoint_sweep_secs = 1").await;
     let (key_id, key) = gw.create_key(LimitOverrides::default()).await;
     for body in [
         json!({"kind": "run", "content": {}, "checkpoint": true}),
