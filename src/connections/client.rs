@@ -68,7 +68,13 @@ impl Serving {
         http1
             .timer(TokioTimer::new())
             .header_read_timeout(head_due)
-            .max_buf_size(MAX_HEAD_BYTES);
+            .max_buf_size(MAX_HEAD_BYTES)
+            // One buffer per write instead of a queue of pieces for `writev`: a paced
+            // stream's frame is a few hundred bytes with its chunk line and CRLF, and
+            // copying them costs less than the queue's bookkeeping (callgrind, 300-byte
+            // frames: 6,995 -> 6,655 instructions a frame) and one iovec less than three
+            // in the kernel; a fast stream's 16 KiB writes showed no difference.
+            .writev(false);
         let mut http2 = http2::Builder::new(TokioExecutor::new());
         // HTTP/2 counts each header's name and value plus 32 bytes (RFC 9113 6.5.2).
         http2
