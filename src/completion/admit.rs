@@ -63,7 +63,7 @@ pub async fn admit(
         }
         Err(denial) => Err(denial),
     };
-    asking.answered();
+    asking.answered = true;
     match outcome {
         Ok(grant) => Ok(grant),
         Err(denial) => Err(refused(state, key, limits, lease, denial).await),
@@ -90,11 +90,11 @@ pub async fn check(
             limiter.leave(key, lease).await
         }
         Err(denial) => {
-            asking.answered();
+            asking.answered = true;
             return Err(refused(state, key, limits, lease, denial).await);
         }
     };
-    asking.answered();
+    asking.answered = true;
     if let Err(err) = given_back {
         // The shared counters' leases expire: what could not be given back now comes
         // back then.
@@ -188,6 +188,7 @@ struct Asking<'a> {
     lease: &'a str,
     /// The lease is (or was) in the key's queue.
     queued: bool,
+    /// The request has the outcome, and takes care of it from here.
     answered: bool,
 }
 
@@ -200,11 +201,6 @@ impl<'a> Asking<'a> {
             queued: false,
             answered: false,
         }
-    }
-
-    /// The request has the outcome, and takes care of it from here.
-    fn answered(&mut self) {
-        self.answered = true;
     }
 }
 
