@@ -13,7 +13,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use utoipa_swagger_ui::SwaggerUi;
 
-use crate::http::{auth, envelope, fallback, request_record, request_span};
+use crate::http::every_request::{self, EveryRequest};
+use crate::http::{auth, envelope, fallback};
 use crate::openapi::ApiDoc;
 use crate::state::AppState;
 use crate::{admin, completion, jobs, models, ops, usage, workbench};
@@ -107,15 +108,13 @@ pub fn build_router(state: AppState) -> Router {
         .route("/workbench/assets/{name}", get(workbench::pages::asset))
         .split_for_parts();
     let swagger = SwaggerUi::new("/swagger").url("/openapi.json", openapi_document());
-    let traced = state.config().traces.enabled();
+    let every = EveryRequest {
+        state: state.clone(),
+        traced: state.config().traces.enabled(),
+    };
 
-    // Layers run outside-in for requests, inside-out for responses (compression goes
-    // around all of them: see `compressed`):
-    // - the envelope sets the request id before tracing opens its span, and renders
-    //   every error response produced beneath it, panics included;
-    // - the request record sits inside the envelope so it sees each error's code before
-    //   the envelope renders it; it also turns a panic beneath it into a 500, logged as
-    //   one and rendered by the envelope (`http::panics`).
+    // Compression goes around this (see `compressed`); `every_request` is the one layer
+    // every request passes: its id, span, record and envelope.
     Router::new()
         .merge(v1)
         .merge(admin)
@@ -124,12 +123,8 @@ pub fn build_router(state: AppState) -> Router {
         .fallback(fallback::not_found)
         .method_not_allowed_fallback(fallback::method_not_allowed)
         .layer(middleware::from_fn_with_state(
-            state.clone(),
-            request_record::record,
+            every,
+            every_request::every_request,
         ))
-        .layer(middleware::from_fn(move |request, next| {
-            request_span::request_span(traced, request, next)
-        }))
-        .layer(middleware::from_fn(envelope::envelope))
         .with_state(state)
 }

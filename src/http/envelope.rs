@@ -1,5 +1,7 @@
-//! The outermost middleware: gives every request an id, puts it in `X-Request-Id` on
-//! every response, and renders every error as the OpenAI envelope carrying the same id.
+//! The envelope: every request gets an id, every response carries it in `X-Request-Id`,
+//! and every error is rendered as the OpenAI envelope carrying the same id. It is the
+//! outermost step of every request (see `every_request`; the ops listener has it as its
+//! only middleware).
 //!
 //! Errors raised by our code arrive as an [`ErrorBody`] extension (see `error.rs`). An
 //! error status without one was produced by the framework itself (a rejected extractor,
@@ -36,7 +38,7 @@ impl RequestId {
     /// log's unique indexes on it take each new id at their right edge (a random v4 id
     /// lands on a random page: with a grown database, a page read and a page written
     /// per insert).
-    fn new() -> Self {
+    pub fn generate() -> Self {
         Self(format!("req_{}", uuid::Uuid::now_v7().simple()))
     }
 }
@@ -57,11 +59,16 @@ struct EnvelopeError<'a> {
     param: Option<&'a str>,
 }
 
+/// The envelope as a middleware of its own (the ops listener's; the main listener's
+/// requests get theirs from [`crate::http::every_request`]).
 pub async fn envelope(mut request: Request, next: Next) -> Response {
-    let id = RequestId::new();
+    let id = RequestId::generate();
     request.extensions_mut().insert(id.clone());
-    let mut response = next.run(request).await;
+    enveloped(next.run(request).await, &id).await
+}
 
+/// `response` with its error (if any) rendered as the envelope and `X-Request-Id` set.
+pub async fn enveloped(mut response: Response, id: &RequestId) -> Response {
     let error = match response.extensions_mut().remove::<ErrorBody>() {
         Some(error) => Some(error),
         None if is_error(response.status()) && response.extensions().get::<OwnBody>().is_none() => {
@@ -70,10 +77,10 @@ pub async fn envelope(mut request: Request, next: Next) -> Response {
         None => None,
     };
     if let Some(error) = error {
-        let body = render(response.headers_mut(), &error, &id);
+        let body = render(response.headers_mut(), &error, id);
         *response.body_mut() = Body::from(body);
     }
-    tag(response.headers_mut(), &id);
+    tag(response.headers_mut(), id);
     response
 }
 
@@ -81,7 +88,7 @@ pub async fn envelope(mut request: Request, next: Next) -> Response {
 /// give an id to (a request head hyper could not parse: see `connections`): its status,
 /// its headers and envelope body as [`envelope`] renders them, with an id of its own.
 pub fn unrouted(error: ApiError) -> (Parts, Vec<u8>) {
-    let id = RequestId::new();
+    let id = RequestId::generate();
     let body = error.body();
     let (mut parts, _) = error.into_response().into_parts();
     let body = render(&mut parts.headers, &body, &id);

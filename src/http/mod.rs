@@ -4,6 +4,7 @@
 pub mod auth;
 pub mod body;
 pub mod envelope;
+pub mod every_request;
 pub mod fallback;
 pub mod panics;
 pub mod request_record;

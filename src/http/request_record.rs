@@ -2,7 +2,7 @@
 //! section promises): who (key prefix, email, client IP), what (endpoint, model, workload), how it
 //! went (status, error code, tokens, latency) — never prompt or completion text.
 //!
-//! The middleware opens the record and fills in what it sees; the stages fill in the
+//! [`recorded`] opens the record and fills in what it sees; the stages fill in the
 //! rest as they learn it. A completion whose body is still streaming holds the record
 //! open: the row is written when the last holder lets go, so streams are logged with
 //! their final token counts and full latency. The request metrics are counted at the
@@ -12,13 +12,12 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::{ConnectInfo, Request};
 use axum::middleware::Next;
 use axum::response::Response;
 
 use crate::contract::X_ACS_WORKLOAD;
 use crate::error::ErrorBody;
-use crate::http::envelope::RequestId;
 use crate::http::panics;
 use crate::metrics::{FinishedRequest, Metrics};
 use crate::request_log::RequestLog;
@@ -144,27 +143,28 @@ impl RequestRecord {
     }
 }
 
-/// Opens the record of an API request (inside the envelope middleware, so it sees error bodies before
-/// they are rendered) and releases its own hold when the response is ready. A panic
-/// beneath it is answered (and recorded) as a 500 ([`panics`]).
-pub async fn record(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+/// Runs the rest of an API request under its record, opened here and released when the
+/// response is ready (a streaming body holds it on); inside the envelope (see
+/// `every_request`), so it sees each error's code before the envelope renders it. A
+/// panic beneath it is answered (and recorded) as a 500 ([`panics`]).
+pub async fn recorded(
+    state: &AppState,
+    request_id: &str,
+    mut request: Request,
+    next: Next,
+) -> Response {
     // Only API requests are recorded: health probes, metric scrapes and the docs would
     // drown the log (and the request metrics) in noise.
     if !is_api_path(request.uri().path()) {
         return panics::caught(next.run(request)).await;
     }
-    let request_id = request
-        .extensions()
-        .get::<RequestId>()
-        .map(|id| id.0.clone())
-        .unwrap_or_default();
     let workload = workload(request.headers()).map(str::to_owned);
     let client_ip = request
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|info| info.0.ip());
     let endpoint = request.uri().path().chars().take(256).collect();
-    let record = RequestRecord::open(&state, request_id, endpoint, workload, client_ip);
+    let record = RequestRecord::open(state, request_id.to_owned(), endpoint, workload, client_ip);
     request.extensions_mut().insert(record.clone());
     let response = panics::caught(next.run(request)).await;
     let error_code = response.extensions().get::<ErrorBody>().map(|e| e.code);

@@ -6,36 +6,21 @@
 //! stream is a registry look-up per SSE frame for nothing. The relay logs nothing while
 //! it streams, and the request's line, written when a stream's body ends, enters the
 //! span itself (`request_record`, which holds it until then). So the span, and with
-//! traces on the request's trace, still covers the whole answer.
+//! traces on the request's trace, still covers the whole answer. `every_request` runs
+//! the rest of the request in it.
 
 use axum::extract::Request;
-use axum::middleware::Next;
-use axum::response::Response;
-use tracing::Instrument;
 
-use crate::http::envelope::RequestId;
 use crate::traces;
 
-/// Runs the rest of the request in its span. When `traced`, the span is the root of the
-/// request's trace (or continues the client's `traceparent`) and also gets the status.
-pub async fn request_span(traced: bool, request: Request, next: Next) -> Response {
-    let span = span_of(&request, traced);
-    let response = next.run(request).instrument(span.clone()).await;
-    if traced {
-        span.record("status", i64::from(response.status().as_u16()));
-    }
-    response
-}
-
+/// The span of `request`, whose id is `request_id`. When `traced`, the span is the root
+/// of the request's trace (or continues the client's `traceparent`), and the status is
+/// recorded into it when the response is ready (see `every_request`).
+///
 /// The key prefix is recorded into it once the key is known (see `auth`); the model
 /// (see the completion pipeline) and the status only when `traced`, since a field
 /// recorded later costs the log's formatter an allocation per request.
-fn span_of(request: &Request, traced: bool) -> tracing::Span {
-    let request_id = request
-        .extensions()
-        .get::<RequestId>()
-        .map(|id| id.0.as_str())
-        .unwrap_or("");
+pub fn span_of(request: &Request, request_id: &str, traced: bool) -> tracing::Span {
     let span = tracing::info_span!(
         "request",
         method = %request.method(),
