@@ -33,6 +33,10 @@ pub struct SseMeter {
     /// Bytes taken from the upstream and not yet given to the client: whole frames
     /// first, then the start of an incomplete one.
     pending: BytesMut,
+    /// Room made in `pending` at once when a second chunk comes before a take (the
+    /// relay is gathering what the upstream has delivered): one allocation a gather,
+    /// instead of a buffer that doubles as it fills, copying what it holds each time.
+    gather_room: usize,
     reader: FrameReader,
 }
 
@@ -65,10 +69,12 @@ pub struct JsonMeter {
 }
 
 impl Meter {
-    pub fn sse(forward_usage: bool) -> Self {
+    /// `gather_room`: how many bytes the relay gathers before it takes them.
+    pub fn sse(forward_usage: bool, gather_room: usize) -> Self {
         Self::Sse(SseMeter {
             fresh: None,
             pending: BytesMut::new(),
+            gather_room,
             reader: FrameReader {
                 forward_usage,
                 frames: FrameEnds::default(),
@@ -156,6 +162,7 @@ impl SseMeter {
             return;
         }
         if let Some(fresh) = self.fresh.take() {
+            self.pending.reserve(self.gather_room);
             self.pending.extend_from_slice(&fresh);
         }
         self.pending.extend_from_slice(&chunk);
@@ -196,7 +203,13 @@ impl SseMeter {
                 passed = self.pending.len();
                 self.reader.frames = FrameEnds::default();
             }
-            let passed = self.pending.split_to(passed);
+            // Taken whole, the buffer goes with the bytes instead of staying with the
+            // meter: a stream gathers rarely or not at all between its gathers.
+            let passed = if passed == self.pending.len() {
+                std::mem::take(&mut self.pending)
+            } else {
+                self.pending.split_to(passed)
+            };
             if spliced.is_empty() {
                 return passed.freeze();
             }
@@ -366,7 +379,7 @@ mod tests {
 
     #[test]
     fn usage_frame_is_read_and_kept_when_asked_for() {
-        let mut meter = Meter::sse(true);
+        let mut meter = Meter::sse(true, 0);
         let out = run(&mut meter, &[CONTENT, CONTENT_1, USAGE, DONE]);
         assert_eq!(out, [CONTENT, CONTENT_1, USAGE, DONE].concat());
         assert_eq!(
@@ -381,7 +394,7 @@ mod tests {
 
     #[test]
     fn frames_pushed_before_a_take_leave_in_one_piece_without_the_usage_frame() {
-        let mut meter = Meter::sse(false);
+        let mut meter = Meter::sse(false, 0);
         let partial = &CONTENT[..20];
         for piece in [CONTENT, CONTENT_1, USAGE, DONE, partial] {
             meter.push(Bytes::from(piece));
@@ -395,7 +408,7 @@ mod tests {
 
     #[test]
     fn a_chunk_of_whole_frames_leaves_as_a_slice_of_itself() {
-        let mut meter = Meter::sse(false);
+        let mut meter = Meter::sse(false, 0);
         let chunk = Bytes::from([CONTENT, CONTENT_1, &CONTENT[..20]].concat());
         meter.push(chunk.clone());
         let out = meter.take();
@@ -424,7 +437,7 @@ mod tests {
 
     #[test]
     fn usage_frame_is_dropped_when_not_asked_for_even_split_across_chunks() {
-        let mut meter = Meter::sse(false);
+        let mut meter = Meter::sse(false, 0);
         let all = [CONTENT, USAGE, DONE].concat();
         let (a, b) = all.split_at(CONTENT.len() + 10);
         let (b, c) = b.split_at(30);
@@ -435,7 +448,7 @@ mod tests {
 
     #[test]
     fn a_cut_stream_is_counted_from_its_frames() {
-        let mut meter = Meter::sse(false);
+        let mut meter = Meter::sse(false, 0);
         run(&mut meter, &[CONTENT, CONTENT, CONTENT_1]);
         assert_eq!(meter.reported(), None);
         assert_eq!(meter.generated(), 4);
@@ -449,7 +462,7 @@ mod tests {
                 u64::MAX
             )
         };
-        let mut meter = Meter::sse(false);
+        let mut meter = Meter::sse(false, 0);
         // One more token on a choice at u64::MAX, and two choices at u64::MAX.
         run(&mut meter, &[&huge(0), CONTENT, &huge(1)]);
         assert_eq!(meter.generated(), u64::MAX);
@@ -458,7 +471,7 @@ mod tests {
     #[test]
     fn error_events_and_comments_pass_unchanged() {
         let error = "data: {\"error\": {\"message\": \"x\", \"code\": 400}}\n\n";
-        let mut meter = Meter::sse(false);
+        let mut meter = Meter::sse(false, 0);
         let out = run(&mut meter, &[": keep-alive\n\n", error, DONE]);
         assert_eq!(out, [": keep-alive\n\n", error, DONE].concat());
     }
@@ -476,7 +489,7 @@ mod tests {
             let wanted = [frames[0].as_str(), frames[2].as_str()].concat();
             // Whole, then cut at every byte: the usage frame is found and dropped each time.
             for cut in 0..=all.len() {
-                let mut meter = Meter::sse(false);
+                let mut meter = Meter::sse(false, 0);
                 let out = run(&mut meter, &[&all[..cut], &all[cut..]]);
                 assert_eq!(out, wanted, "frame end {end:?}, cut at {cut}");
                 assert_eq!(meter.reported().map(|u| u.completion_tokens), Some(3));
@@ -487,7 +500,7 @@ mod tests {
 
     #[test]
     fn a_frame_arriving_byte_by_byte_is_relayed_whole_once_complete() {
-        let mut meter = Meter::sse(true);
+        let mut meter = Meter::sse(true, 0);
         let frame = CONTENT.replace("\n\n", "\r\n\r\n");
         let mut out = Vec::new();
         for (i, byte) in frame.bytes().enumerate() {

@@ -38,6 +38,9 @@ const WHOLE_BODY_MAX: u64 = 64 * 1024;
 /// stream goes out in writes of this size rather than one per frame, and a gather never
 /// holds bytes back for long waiting for more reads to fill it.
 const GATHER_MAX: usize = 16 * 1024;
+/// Room for a gather: up to [`GATHER_MAX`] and the piece that crosses it (an SSE frame,
+/// a few hundred bytes, or a few KiB with logprobs).
+const GATHER_ROOM: usize = GATHER_MAX + 4 * 1024;
 /// `forward_usage`: whether the client asked for a stream's usage-only frame.
 /// `timing`: the upstream's series, for its outcome, time to the first byte and duration.
 /// `span`: the relay's trace span, which a streamed body holds until it ends.
@@ -65,7 +68,7 @@ pub async fn relay(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
     settlement.meter = if is_sse {
-        Meter::sse(forward_usage)
+        Meter::sse(forward_usage, GATHER_ROOM)
     } else {
         Meter::json()
     };
