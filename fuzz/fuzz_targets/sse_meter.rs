@@ -8,7 +8,9 @@
 //! Checked, for the client asking for the usage frame and not:
 //! - nothing panics;
 //! - what is relayed and counted does not depend on the chunking: the stream whole,
-//!   byte by byte and in the chunks the input chose give the same;
+//!   byte by byte and in the chunks the input chose give the same, and so do those
+//!   chunks gathered (three pushed before each take, as the relay gathers what the
+//!   upstream has delivered, into a room smaller than most inputs);
 //! - the counts do not depend on whether the client asked for the usage frame;
 //! - asked for, the stream is relayed byte for byte;
 //! - not asked for, bytes are only dropped (never added or reordered), and only once a
@@ -31,14 +33,16 @@ fuzz_target!(|data: &[u8]| {
     };
 
     let [dropping, forwarding] = [false, true].map(|forward_usage| {
-        let whole = relay(forward_usage, [stream]);
-        let chosen = relay(forward_usage, chunks(stream, lengths));
+        let whole = relay(forward_usage, [stream], 1);
+        let chosen = relay(forward_usage, chunks(stream, lengths), 1);
         assert_eq!(whole, chosen, "whole vs chosen chunks {lengths:?}");
+        let gathered = relay(forward_usage, chunks(stream, lengths), 3);
+        assert_eq!(whole, gathered, "whole vs chosen chunks gathered {lengths:?}");
         whole
     });
     // The slowest split, once: whether the usage frame is forwarded changes what is
     // emitted, not where frames end.
-    let bytewise = relay(false, stream.chunks(1));
+    let bytewise = relay(false, stream.chunks(1), 1);
     assert_eq!(dropping, bytewise, "whole vs byte by byte");
 
     assert_eq!(
@@ -56,7 +60,7 @@ fuzz_target!(|data: &[u8]| {
             "dropped bytes without a usage frame"
         );
     }
-    let again = relay(false, [dropping.relayed.as_slice()]);
+    let again = relay(false, [dropping.relayed.as_slice()], 1);
     assert!(
         again.relayed == dropping.relayed,
         "a usage frame reached the client"
@@ -70,13 +74,24 @@ struct Outcome {
     generated: u64,
 }
 
-fn relay<'a>(forward_usage: bool, chunks: impl IntoIterator<Item = &'a [u8]>) -> Outcome {
-    let mut meter = Meter::sse(forward_usage);
+/// The room a gather is given: less than most inputs, so that gathers outgrow it too.
+const GATHER_ROOM: usize = 64;
+
+/// `chunks` through a meter, taking what it gives after every `gathered` pushes.
+fn relay<'a>(
+    forward_usage: bool,
+    chunks: impl IntoIterator<Item = &'a [u8]>,
+    gathered: usize,
+) -> Outcome {
+    let mut meter = Meter::sse(forward_usage, GATHER_ROOM);
     let mut relayed = Vec::new();
-    for chunk in chunks {
+    for (i, chunk) in chunks.into_iter().enumerate() {
         meter.push(Bytes::copy_from_slice(chunk));
-        relayed.extend_from_slice(&meter.take());
+        if (i + 1) % gathered == 0 {
+            relayed.extend_from_slice(&meter.take());
+        }
     }
+    relayed.extend_from_slice(&meter.take());
     relayed.extend_from_slice(&meter.finish());
     Outcome {
         relayed,
