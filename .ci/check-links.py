@@ -152,7 +152,7 @@ def main(argv):
             if why:
                 problems.append(f"{shown(path)}:{number}: {target} ({why})")
     for problem in problems:
-        print(problem)
+        print(problem, flush=True)
     if problems:
         print(f"{len(problems)} broken link(s) in {len(files)} file(s)", file=sys.stderr)
         return 1
