@@ -9,7 +9,7 @@
 # /etc/fleetgate/fleetgate.toml: API on 0.0.0.0:8080, /metrics and the probes on
 # 0.0.0.0:9090, SQLite in the /var/lib/fleetgate volume, one sample upstream at
 # http://host.docker.internal:8000. Mount your own config over it; FLEETGATE_* variables
-# override single values (README, Configuration). See README, Deploying.
+# override single values (docs/configuration.md). See docs/operations.md, Deploying.
 
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
@@ -91,7 +91,7 @@ EXPOSE 8080 9090
 # The image has no curl or wget, and fleetgate no probe subcommand: bash (in every
 # Debian image) speaks HTTP over /dev/tcp. Healthy while GET /ready on the ops port
 # answers 200: 503 while the store or Redis does not answer or shutdown has begun
-# (README, "Health, readiness and liveness"). A config that
+# (docs/operations.md, "Health, readiness and liveness"). A config that
 # moves ops_listen off port 9090 needs its own check (`docker run --health-cmd`, compose
 # `healthcheck:`).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \

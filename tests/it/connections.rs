@@ -196,7 +196,7 @@ fn padded(prefix: &str, len: usize) -> String {
     prefix.to_owned() + &"a".repeat(len - prefix.len())
 }
 
-/// The limit on a request head (start line and headers) the README documents.
+/// The limit on a request head (start line and headers) docs/configuration.md documents.
 const MAX_HEAD_BYTES: usize = 16 * 1024;
 
 #[tokio::test]

@@ -1,4 +1,4 @@
-//! One metadata row per request (the README's "Request log" section): who, what, how it
+//! One metadata row per request ("Request log" in docs/operations.md): who, what, how it
 //! went — and never the prompt or the completion.
 
 use crate::common::{Gateway, MODEL};

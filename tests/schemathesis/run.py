@@ -3,7 +3,7 @@
 
 Starts the built binaries (mock-vllm, then fleetgate in front of it, both on port 0,
 SQLite in a temporary directory), creates a user API key with `fleetgate keys create`
-and sets an admin token in the config, as the README says. Then runs schemathesis
+and sets an admin token in the config, as docs/operations.md says. Then runs schemathesis
 twice over the served document: first every operation except the admin ones (with the
 user key), then the admin operations (with the admin token) — in that order, so that
 the admin run may revoke or limit any key, the user key included, without affecting
