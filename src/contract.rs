@@ -42,3 +42,29 @@ pub const MAX_OUTPUT_WORK: u64 = 32_000;
 pub const LOGPROBS_LIMIT: u32 = 100;
 /// Longest prompt (in tokens) allowed with `prompt_logprobs: -1`.
 pub const FULL_VOCAB_MAX_PROMPT_TOKENS: u64 = 1024;
+
+/// What a request is for, as `X-Acs-Workload` declares it (capacity planning and
+/// keep-warm); jobs run as `batch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workload {
+    Interactive,
+    Batch,
+}
+
+impl Workload {
+    /// One of the two known values; anything else is ignored (`None`).
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "interactive" => Some(Self::Interactive),
+            "batch" => Some(Self::Batch),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Interactive => "interactive",
+            Self::Batch => "batch",
+        }
+    }
+}

@@ -1,14 +1,14 @@
-//! The one public error type. Every error any route returns is an [`ApiError`]; its
-//! `IntoResponse` sets the status and headers and attaches an [`ErrorBody`] extension,
-//! and the `envelope` middleware (which owns the request id) renders the OpenAI-shaped
-//! body `{"error":{…},"request_id":…}`. No handler builds error JSON by hand.
+//! The one public error type. Every error any route returns is an [`ApiError`]: its
+//! status, code, message and what it tells a client about retrying are decided here;
+//! the front door renders it (`http::error_response` and the `envelope` middleware,
+//! which owns the request id) as the OpenAI-shaped body `{"error":{…},"request_id":…}`
+//! ([`ErrorBody::envelope_json`]). No handler builds error JSON by hand.
 
 use std::borrow::Cow;
 use std::time::Duration;
 
-use crate::contract::{X_ACS_UPSTREAM_ERROR_KIND, X_SHOULD_RETRY};
-use axum::http::{HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use http::StatusCode;
+use serde::Serialize;
 
 /// How many characters of a received value an error message shows.
 const EXCERPT_MAX_CHARS: usize = 40;
@@ -22,8 +22,8 @@ pub fn excerpt(text: &str) -> String {
     }
 }
 
-/// Seconds a client should wait before retrying a retryable upstream failure.
-const UPSTREAM_RETRY_AFTER_SECS: u32 = 1;
+/// How long a client should wait before retrying a retryable upstream failure.
+const UPSTREAM_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -174,6 +174,38 @@ pub struct ErrorBody {
     pub param: Option<Cow<'static, str>>,
 }
 
+#[derive(Serialize)]
+struct Envelope<'a> {
+    error: EnvelopeError<'a>,
+    request_id: &'a str,
+}
+
+#[derive(Serialize)]
+struct EnvelopeError<'a> {
+    code: &'a str,
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    param: Option<&'a str>,
+}
+
+impl ErrorBody {
+    /// The envelope JSON: `{"error":{…},"request_id":…}`.
+    pub fn envelope_json(&self, request_id: &str) -> Vec<u8> {
+        let envelope = Envelope {
+            error: EnvelopeError {
+                code: self.code,
+                message: &self.message,
+                kind: self.kind,
+                param: self.param.as_deref(),
+            },
+            request_id,
+        };
+        serde_json::to_vec(&envelope).unwrap_or_default()
+    }
+}
+
 /// What a budget has left beyond the used and reserved tokens.
 fn budget_left(budget: u64, used: u64, reserved: u64) -> u64 {
     budget.saturating_sub(used.saturating_add(reserved))
@@ -208,12 +240,7 @@ impl ApiError {
     /// Whether a node's answer (or its silence) caused this error, rather than the
     /// gateway's own checks.
     pub fn from_upstream(&self) -> bool {
-        matches!(
-            self,
-            Self::UpstreamRejected { .. }
-                | Self::UpstreamUnavailable(_)
-                | Self::UpstreamDeadline { .. }
-        )
+        self.upstream_error_kind().is_some()
     }
 
     pub fn status(&self) -> StatusCode {
@@ -314,63 +341,49 @@ fn retry_after_secs(wait: &Duration) -> u64 {
     secs.max(1)
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        if let Self::Internal(err) = &self {
-            // Logged once, here at the edge; the client sees only the request id.
-            tracing::error!(error = %format!("{err:#}"), "internal error");
-        }
-        let mut response = self.status().into_response();
-        let headers = response.headers_mut();
-        match &self {
-            Self::PayloadTooLarge { .. }
-            | Self::HeadTooLarge { .. }
-            | Self::DeadlineInfeasible { .. } => {
-                headers.insert(X_SHOULD_RETRY, HeaderValue::from_static("false"));
+impl ApiError {
+    /// How long the client should wait before retrying (`Retry-After`), in the whole
+    /// seconds it is told; `None` when a retry should not wait for a time (or cannot
+    /// help: see [`ApiError::retry_futile`]).
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::UpstreamRejected { status, .. } if status.is_server_error() => {
+                Some(UPSTREAM_RETRY_AFTER)
             }
-            Self::UpstreamDeadline { .. } => {
-                // The same request would time out again: no Retry-After.
-                headers.insert(X_SHOULD_RETRY, HeaderValue::from_static("false"));
-                headers.insert(
-                    X_ACS_UPSTREAM_ERROR_KIND,
-                    HeaderValue::from_static("upstream_deadline"),
-                );
-            }
-            Self::UpstreamRejected { kind, status, .. } => {
-                headers.insert(X_ACS_UPSTREAM_ERROR_KIND, HeaderValue::from_static(kind));
-                if status.is_server_error() {
-                    headers.insert(http::header::RETRY_AFTER, UPSTREAM_RETRY_AFTER_SECS.into());
-                }
-            }
-            Self::UpstreamUnavailable(_) => {
-                headers.insert(
-                    X_ACS_UPSTREAM_ERROR_KIND,
-                    HeaderValue::from_static("upstream_unavailable"),
-                );
-                headers.insert(http::header::RETRY_AFTER, UPSTREAM_RETRY_AFTER_SECS.into());
+            Self::UpstreamUnavailable(_) | Self::AdmissionUnavailable | Self::StoreUnavailable => {
+                Some(UPSTREAM_RETRY_AFTER)
             }
             Self::RateLimited { retry_after, .. }
             | Self::QueueFull { retry_after, .. }
-            | Self::JobsPending { retry_after, .. } => {
-                headers.insert(
-                    http::header::RETRY_AFTER,
-                    retry_after_secs(retry_after).into(),
-                );
+            | Self::JobsPending { retry_after, .. }
+            | Self::BudgetExceeded { retry_after, .. } => {
+                Some(Duration::from_secs(retry_after_secs(retry_after)))
             }
-            Self::BudgetExceeded { retry_after, .. } => {
-                // Retrying cannot help before the month turns; say so to SDKs that retry.
-                headers.insert(
-                    http::header::RETRY_AFTER,
-                    retry_after_secs(retry_after).into(),
-                );
-                headers.insert(X_SHOULD_RETRY, HeaderValue::from_static("false"));
-            }
-            Self::AdmissionUnavailable | Self::StoreUnavailable => {
-                headers.insert(http::header::RETRY_AFTER, UPSTREAM_RETRY_AFTER_SECS.into());
-            }
-            _ => {}
+            _ => None,
         }
-        response.extensions_mut().insert(self.body());
-        response
+    }
+
+    /// Whether the same request cannot succeed on a retry (`X-Should-Retry: false`, which
+    /// tells SDKs that retry not to): too large, a window it cannot fit, a budget spent
+    /// until the month turns.
+    pub fn retry_futile(&self) -> bool {
+        matches!(
+            self,
+            Self::PayloadTooLarge { .. }
+                | Self::HeadTooLarge { .. }
+                | Self::DeadlineInfeasible { .. }
+                | Self::UpstreamDeadline { .. }
+                | Self::BudgetExceeded { .. }
+        )
+    }
+
+    /// `X-Acs-Upstream-Error-Kind`, which mirrors `error.code` on errors a node caused.
+    pub fn upstream_error_kind(&self) -> Option<&'static str> {
+        match self {
+            Self::UpstreamRejected { kind, .. } => Some(kind),
+            Self::UpstreamUnavailable(_) => Some("upstream_unavailable"),
+            Self::UpstreamDeadline { .. } => Some("upstream_deadline"),
+            _ => None,
+        }
     }
 }

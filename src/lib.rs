@@ -23,6 +23,7 @@ pub mod openapi;
 pub mod ops;
 pub mod reload;
 pub mod request_log;
+pub mod request_record;
 pub mod router;
 pub mod server;
 pub mod state;

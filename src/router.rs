@@ -14,10 +14,10 @@ use utoipa_axum::routes;
 use utoipa_swagger_ui::SwaggerUi;
 
 use crate::http::every_request::{self, EveryRequest};
-use crate::http::{auth, envelope, fallback};
+use crate::http::{auth, completions, envelope, fallback};
 use crate::openapi::ApiDoc;
 use crate::state::AppState;
-use crate::{admin, completion, jobs, models, ops, usage, workbench};
+use crate::{admin, jobs, models, ops, usage, workbench};
 
 /// Answers shorter than this go out uncompressed: a gzip stream's state (a few hundred
 /// KiB, zeroed for every response) costs far more than the few hundred bytes it would
@@ -46,8 +46,8 @@ pub fn compressed<S>(service: S) -> Compression<S, CompressWhen> {
 /// The key-protected `/v1` routes.
 fn v1_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
-        .routes(routes!(completion::create_completion))
-        .routes(routes!(completion::chat::chat_completions))
+        .routes(routes!(completions::create_completion))
+        .routes(routes!(completions::chat::chat_completions))
         .routes(routes!(models::list_models))
         .routes(routes!(usage::own_usage))
         .routes(routes!(jobs::harvest::list))

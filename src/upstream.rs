@@ -55,12 +55,12 @@ pub struct UpstreamClient {
 pub type ByteStream = Pin<Box<dyn Stream<Item = io::Result<Bytes>> + Send>>;
 
 /// A node's answer to a forwarded completion: the head read, the body not yet.
-pub enum Answer {
+pub enum NodeReply {
     H1(h1::Response),
     Reqwest(reqwest::Response),
 }
 
-impl Answer {
+impl NodeReply {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::H1(r) => r.status,
@@ -327,14 +327,14 @@ impl UpstreamClient {
         url: &str,
         body: Bytes,
         headers: &HeaderMap,
-    ) -> Result<Answer, UpstreamError> {
+    ) -> Result<NodeReply, UpstreamError> {
         const PATH: &str = "/v1/completions";
         if let Some(target) = h1::Target::parse(url) {
             return self
                 .h1
                 .post_json(target, PATH, headers, &body)
                 .await
-                .map(Answer::H1)
+                .map(NodeReply::H1)
                 .map_err(|source| UpstreamError::Unreachable {
                     url: url.to_owned(),
                     source: source.into(),
@@ -347,7 +347,7 @@ impl UpstreamClient {
             .body(body)
             .send()
             .await
-            .map(Answer::Reqwest)
+            .map(NodeReply::Reqwest)
             .map_err(unreachable(url))
     }
 }
@@ -362,7 +362,7 @@ fn unreachable(url: &str) -> impl Fn(reqwest::Error) -> UpstreamError + '_ {
 
 /// Turns an upstream error response into our envelope, keeping vLLM's own message
 /// (it tells the client what to fix, e.g. the context length).
-pub async fn upstream_rejection(response: impl Into<Answer>) -> ApiError {
+pub async fn upstream_rejection(response: impl Into<NodeReply>) -> ApiError {
     let response = response.into();
     let status = response.status();
     let body = read_up_to(response.into_body(), ERROR_BODY_LIMIT).await;
@@ -386,7 +386,7 @@ pub async fn upstream_rejection(response: impl Into<Answer>) -> ApiError {
     }
 }
 
-impl From<reqwest::Response> for Answer {
+impl From<reqwest::Response> for NodeReply {
     fn from(response: reqwest::Response) -> Self {
         Self::Reqwest(response)
     }

@@ -10,30 +10,27 @@
 //!
 //! If the boot times out or the node then fails, the headers are already sent: the
 //! error goes into the body (the contract's "200*" case, without
-//! `X-Acs-Upstream-Error-Kind`) — the usual envelope `{"error":{…},"request_id":…}` as
-//! the whole JSON body, or as one SSE event followed by `data: [DONE]`, the way vLLM
-//! reports an error mid-stream.
+//! `X-Acs-Upstream-Error-Kind`; the front door renders it as the envelope, the way vLLM
+//! reports an error mid-stream).
+//!
+//! The answer is a [`Booting`]: the events the front door turns into the body, sent by a
+//! task of its own that outlives the handler.
 
-use std::io;
 use std::time::Instant;
 
-use axum::body::Body;
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::dispatch::Window;
 use super::draining::shutting_down;
-use super::job::Job;
-use crate::completion::dispatch::Window;
-use crate::completion::settle::Settlement;
+use super::outcome::{BootEvent, Booting};
+use super::outgoing::Outgoing;
+use super::settle::Settlement;
 use crate::error::ApiError;
 use crate::fleet::{Affinity, Model};
-use crate::http::envelope::envelope_json;
-use crate::http::request_record::RequestRecord;
+use crate::request_record::RequestRecord;
 use crate::state::AppState;
 
 /// Waits until a woken model has a node up, at most its boot timeout.
@@ -64,36 +61,22 @@ pub struct Pending {
     pub window: Window,
 }
 
-/// Commits the 200 now; the boot, the request and its answer follow in the body.
-pub fn respond(pending: Pending, settlement: Settlement, request_id: String) -> Response {
-    let (tx, mut rx) = mpsc::channel::<io::Result<Bytes>>(16);
-    let content_type = if pending.stream {
-        "text/event-stream"
-    } else {
-        "application/json"
-    };
+/// Commits the answer now; the boot, the request and its answer follow as events.
+pub fn respond(pending: Pending, settlement: Settlement, request_id: String) -> Booting {
+    let (tx, events) = mpsc::channel(16);
+    let stream = pending.stream;
     let tasks = pending.state.tasks().clone();
     // In the request's span, so that the boot's wait and the dispatch after it are in
     // its trace.
     tasks.spawn(run(pending, settlement, request_id, tx).in_current_span());
-    let body = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
-    (
-        StatusCode::OK,
-        [
-            (header::CONTENT_TYPE, content_type),
-            // A compressor would hold the keep-alive bytes back.
-            (header::CONTENT_ENCODING, "identity"),
-        ],
-        Body::from_stream(body),
-    )
-        .into_response()
+    Booting { stream, events }
 }
 
 async fn run(
     pending: Pending,
     settlement: Settlement,
     request_id: String,
-    tx: mpsc::Sender<io::Result<Bytes>>,
+    tx: mpsc::Sender<BootEvent>,
 ) {
     // The metadata row stays open until the outcome is known, so that an in-body error
     // is recorded with its code.
@@ -101,23 +84,17 @@ async fn run(
     let keep_alive = KeepAlive {
         tx: &tx,
         every: std::time::Duration::from_millis(pending.state.config().fleet.keepalive_interval_ms),
-        bytes: if pending.stream {
-            b": booting\n\n"
-        } else {
-            b" "
-        },
         draining: pending.state.draining().clone(),
     };
     let fail = |err: ApiError| {
         record.0.set_in_body_error(err.code());
         tracing::warn!(request_id = %request_id, code = err.code(), "request failed after a confirmed cold boot; the error goes into the 200 body");
-        let bytes = in_body_error(&err, &request_id, pending.stream);
         let tx = tx.clone();
         let draining = keep_alive.draining.clone();
         async move {
             tokio::select! {
                 biased;
-                _ = tx.send(Ok(bytes)) => {}
+                _ = tx.send(BootEvent::Failed(err)) => {}
                 () = draining.cancelled() => {}
             }
         }
@@ -137,7 +114,7 @@ async fn run(
             return fail(shutting_down()).await;
         }
     }
-    let job = Job {
+    let outgoing = Outgoing {
         state: &pending.state,
         model,
         include_usage: pending.include_usage,
@@ -145,40 +122,28 @@ async fn run(
         affinity: pending.affinity,
         window: pending.window,
     };
-    // Leaving `run` (client gone, shutdown) drops the settlement, which settles.
-    let response = match keep_alive.hold(job.run(settlement)).await {
-        Held::Done((Ok(response), _, _)) => response,
-        Held::Done((Err(err), _, _)) => return fail(err).await,
+    // Leaving `send` (client gone, shutdown) drops the settlement, which settles.
+    let mut body = match keep_alive.hold(outgoing.send(settlement)).await {
+        Held::Done(Ok((relayed, _))) => relayed.body,
+        Held::Done(Err(unanswered)) => return fail(unanswered.error).await,
         Held::Gone => return,
         Held::Draining => return fail(shutting_down()).await,
     };
-    let mut body = response.into_body().into_data_stream();
-    while let Some(chunk) = body.next().await {
-        let chunk = chunk.map_err(io::Error::other);
-        let failed = chunk.is_err();
+    while let Some(piece) = body.next_piece().await {
+        let (event, failed) = match piece {
+            Ok(bytes) => (BootEvent::Piece(bytes), false),
+            Err(err) => (BootEvent::Cut(err), true),
+        };
         // A client that stops reading holds this send, as it would hold any relayed
         // body, but not past the shutdown grace period.
         let sent = tokio::select! {
-            sent = tx.send(chunk) => sent.is_ok(),
+            sent = tx.send(event) => sent.is_ok(),
             () = keep_alive.draining.cancelled() => false,
         };
         if !sent || failed {
             return;
         }
     }
-}
-
-/// The error envelope as the whole JSON body, or as an SSE event and `[DONE]`.
-fn in_body_error(err: &ApiError, request_id: &str, stream: bool) -> Bytes {
-    let json = envelope_json(&err.body(), request_id);
-    if !stream {
-        return Bytes::from(json);
-    }
-    let mut event = Vec::with_capacity(json.len() + 32);
-    event.extend_from_slice(b"data: ");
-    event.extend_from_slice(&json);
-    event.extend_from_slice(b"\n\ndata: [DONE]\n\n");
-    Bytes::from(event)
 }
 
 /// Holds a request's metadata row open while it lives.
@@ -198,9 +163,8 @@ impl Drop for RecordHold {
 }
 
 struct KeepAlive<'a> {
-    tx: &'a mpsc::Sender<io::Result<Bytes>>,
+    tx: &'a mpsc::Sender<BootEvent>,
     every: std::time::Duration,
-    bytes: &'static [u8],
     draining: CancellationToken,
 }
 
@@ -225,8 +189,7 @@ impl KeepAlive<'_> {
                 () = self.tx.closed() => return Held::Gone,
                 _ = ticks.tick() => {
                     // A full channel means the client is not reading: no keep-alive needed.
-                    let keep_alive = Ok(Bytes::from_static(self.bytes));
-                    if let Err(mpsc::error::TrySendError::Closed(_)) = self.tx.try_send(keep_alive) {
+                    if let Err(mpsc::error::TrySendError::Closed(_)) = self.tx.try_send(BootEvent::KeepAlive) {
                         return Held::Gone;
                     }
                 }

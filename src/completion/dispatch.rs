@@ -20,31 +20,26 @@ use crate::fleet::{Affinity, Model, NoNode, Node};
 use crate::metrics::{UpstreamMetrics, UpstreamOutcome};
 use crate::state::AppState;
 use crate::traces;
-use crate::upstream::{Answer, upstream_rejection};
+use crate::upstream::{NodeReply, upstream_rejection};
 
 /// A node's answer (headers read, body not yet) and what is needed to relay it.
 pub struct Dispatched {
-    pub response: Answer,
+    pub response: NodeReply,
     pub upstream: Arc<Node>,
     /// The node's metric series, looked up once per request.
     pub metrics: UpstreamMetrics,
     pub sent: Instant,
 }
 
-/// A failed dispatch and the node that failed, if one was tried.
-pub struct Failed {
+/// A request that got no answer to relay (a failed dispatch, or a node's error answer),
+/// and the node that failed it, if one was tried.
+pub struct Unanswered {
     pub error: ApiError,
     pub upstream: Option<Arc<Node>>,
     /// Whether a node may have received the request (and run it): false when none was
     /// reached, a connection could not be made, or the node answered 503 at once.
     pub sent: bool,
 }
-
-/// Marks an error response (as an extension) whose request provably reached no node:
-/// refused before dispatch, or a dispatch that sent nothing (see [`Failed::sent`]).
-/// Running such a request again cannot run it twice.
-#[derive(Debug, Clone, Copy)]
-pub struct NotSent;
 
 /// How long a non-streaming request may wait for its answer.
 #[derive(Clone, Copy)]
@@ -59,9 +54,9 @@ pub async fn dispatch(
     affinity: Affinity,
     settlement: &mut Settlement,
     window: Window,
-) -> Result<Dispatched, Failed> {
+) -> Result<Dispatched, Unanswered> {
     let mut failed: Option<(Arc<Node>, ApiError)> = None;
-    // Whether a node may have received the request: see [`Failed::sent`].
+    // Whether a node may have received the request: see [`Unanswered::sent`].
     let mut reached = false;
     // One window for the request, failover included.
     let deadline = window.0.map(|w| tokio::time::Instant::now() + w);
@@ -70,7 +65,7 @@ pub async fn dispatch(
         let taken = tokio::select! {
             taken = model.acquire(exclude, affinity).instrument(tracing::debug_span!("route")) => taken,
             () = state.draining().cancelled() => {
-                return Err(Failed {
+                return Err(Unanswered {
                     error: super::draining::shutting_down(),
                     upstream: failed.map(|(u, _)| u),
                     sent: reached,
@@ -93,7 +88,7 @@ pub async fn dispatch(
                     Some((upstream, _)) => (no_node.into_error(&model.id), Some(upstream)),
                     None => (no_node.into_error(&model.id), None),
                 };
-                return Err(Failed {
+                return Err(Unanswered {
                     error,
                     upstream,
                     sent: reached,
@@ -108,7 +103,7 @@ pub async fn dispatch(
             // Found dead between the pick and now: never sent, so another node may run
             // it (once, like any failover).
             if failed.is_some() {
-                return Err(Failed {
+                return Err(Unanswered {
                     error: stopped_answering(),
                     upstream: Some(upstream),
                     sent: reached,
@@ -137,7 +132,7 @@ pub async fn dispatch(
             answer = within(deadline, call) => answer,
             () = lost.cancelled() => {
                 metrics.outcome(UpstreamOutcome::Unreachable);
-                return Err(Failed {
+                return Err(Unanswered {
                     error: stopped_answering(),
                     upstream: Some(upstream),
                     sent: true,
@@ -153,7 +148,7 @@ pub async fn dispatch(
                 metrics.outcome(UpstreamOutcome::Deadline);
                 let window_secs = window.0.map_or(0, |w| w.as_secs());
                 tracing::warn!(model = %model.id, gpu = %upstream.gpu, window_secs, "upstream overran the request window");
-                return Err(Failed {
+                return Err(Unanswered {
                     error: ApiError::UpstreamDeadline { window_secs },
                     upstream: Some(upstream),
                     sent: true,
@@ -184,7 +179,7 @@ pub async fn dispatch(
         };
         eject(state, model, &upstream);
         if failed.is_some() {
-            return Err(Failed {
+            return Err(Unanswered {
                 error: never_started,
                 upstream: Some(upstream),
                 sent: reached,

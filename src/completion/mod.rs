@@ -1,14 +1,16 @@
-//! `POST /v1/completions`: parse → plan → forward → relay.
+//! The completion core, `POST /v1/completions` without the HTTP: check → plan → admit
+//! → dispatch → relay (`pipeline`), to an outcome (`outcome`) that the front door
+//! renders and a job's run keeps.
 
 pub mod admit;
 pub mod budget_refusal;
-pub mod chat;
 pub mod cold;
 pub mod cut;
 pub mod dispatch;
 mod draining;
-mod job;
 pub mod meter;
+pub mod outcome;
+mod outgoing;
 pub mod pipeline;
 pub mod plan;
 pub mod relay;
@@ -16,117 +18,3 @@ pub mod request;
 pub mod settle;
 pub mod sse_frame;
 pub mod watch;
-
-use axum::Extension;
-use axum::body::Body;
-use axum::extract::State;
-use axum::http::HeaderMap;
-use axum::response::Response;
-use std::time::Duration;
-use tracing::Instrument;
-
-use crate::error::ApiError;
-use crate::http::auth::Caller;
-use crate::http::body::{read_limited, require_json};
-use crate::http::envelope::RequestId;
-use crate::http::request_record::RequestRecord;
-use crate::jobs;
-use crate::state::AppState;
-use budget_refusal::OnBudgetClamp;
-use pipeline::{Checked, Mode};
-
-#[utoipa::path(
-    post,
-    path = "/v1/completions",
-    tag = "completions",
-    request_body(content = crate::openapi::CompletionRequestDoc, content_type = "application/json"),
-    params(
-        ("Prefer" = Option<String>, Header, description = "`respond-async` (RFC 7240) submits the request as a completion job: it is checked and admitted as a synchronous call would be (every 400/401/413/429 below applies, and it counts as one start against the key's rate), then answered 202 with `Location: /v1/harvest/{id}`; collect the result there. `stream: true` is a 400 with it. The job's run takes the key's slots and budget when a worker starts it."),
-        ("Idempotency-Key" = Option<String>, Header, description = "With `Prefer: respond-async`: a client-chosen key (1–255 visible ASCII characters, optionally quoted) for safe retries. The same key with the same body answers 200 with the job already submitted; with another body 422 `idempotency_key_reused`. Scoped to the API key; remembered until the job's row is deleted, 7 days after it ends."),
-        ("X-Acs-Workload" = Option<String>, Header, description = "`interactive` or `batch`: what the request is for (capacity planning and keep-warm). Jobs run as `batch`."),
-        ("X-Acs-Budget-Clamp" = Option<String>, Header, description = "`clamp` (default): where the key's budget cannot cover `max_tokens`, run with fewer (`X-Acs-Max-Tokens-Clamped` says so); `refuse`: answer 429 `budget_exceeded` instead, naming what is left and what the request needs (the Workbench and Loom send this). Another value is 400 `invalid_request`. Not for job submissions (`Prefer: respond-async`), whose runs clamp."),
-    ),
-    responses(
-        (status = 202, description = "With `Prefer: respond-async`: the job was stored (`status: queued`). Harvest it at `Location`.", body = crate::openapi::JobDoc,
-            headers(
-                ("Location" = String, description = "`/v1/harvest/{id}`."),
-                ("Preference-Applied" = String, description = "`respond-async`."),
-            )),
-        (status = 422, description = "`idempotency_key_reused`: the `Idempotency-Key` was used by this key for a job with another body.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 200, description = "A text_completion object (JSON), or an SSE stream of them when `stream` is true; passed through verbatim from vLLM. After a confirmed cold boot of a sleeping model, the 200 is sent at once and the connection kept alive (`: booting` SSE comment lines, or leading spaces before the JSON) until the answer flows; an error after that point arrives in the body as the error envelope (JSON), or as an SSE `data:` event with the envelope followed by `data: [DONE]`, without `X-Acs-Upstream-Error-Kind`.",
-            headers(
-                ("X-Request-Id" = String, description = "Trace id of this request; also `request_id` in error bodies."),
-                ("X-Acs-Upstream-Model" = String, description = "The checkpoint that served the request."),
-                ("X-Acs-Upstream-Gpu" = String, description = "The GPU node that served the request."),
-                ("X-Acs-Max-Tokens-Clamped" = String, description = "Present when max_tokens was reduced: `requested=N,applied=M,reason=budget|deadline|deadline+budget,source=client|default`. `budget`: to fit the key's budget; `deadline`: you omitted max_tokens on a non-streaming request and the default was cut to what can finish inside the request window (send stream=true to keep the full default); `default`: N is the injected default."),
-            ),
-            content(
-                (crate::openapi::CompletionResponseDoc = "application/json"),
-                (crate::openapi::CompletionStreamEventDoc = "text/event-stream"),
-            )),
-        (status = 400, description = "Invalid request: `invalid_request`, `model_not_found`, `full_vocab_prompt_too_long`, `deadline_infeasible` (a non-streaming request whose max_tokens cannot finish inside the request window; with `X-Should-Retry: false` — send stream=true), or `upstream_bad_request` (the model server rejected it, e.g. context length; with `X-Acs-Upstream-Error-Kind`).", body = crate::openapi::ErrorEnvelopeDoc,
-            headers(("X-Should-Retry" = String, description = "`false` on `deadline_infeasible`."))),
-        (status = 401, description = "`invalid_api_key`: missing, malformed, unknown or revoked key.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 408, description = "`request_timeout`: the body did not arrive within `connections.body_read_timeout_ms` of its headers.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 413, description = "`request_too_large`: body over the limit. Carries `X-Should-Retry: false`.", body = crate::openapi::ErrorEnvelopeDoc,
-            headers(("X-Should-Retry" = String, description = "`false`: a retry cannot succeed."))),
-        (status = 429, description = "`rate_limited` (more starts per minute than the key's rate), `queue_full` (the key's running and waiting requests are at their limits; for a job submission, also: the key has `jobs.max_pending_per_key` jobs queued or running) or `budget_exceeded` (what is left of the monthly token budget is less than the request needs, or than its full `max_tokens` with `X-Acs-Budget-Clamp: refuse`; also `X-Should-Retry: false`). Always with `Retry-After`.", body = crate::openapi::ErrorEnvelopeDoc,
-            headers(
-                ("Retry-After" = u32, description = "Seconds to wait; for `budget_exceeded`, until the budget resets."),
-                ("X-Should-Retry" = String, description = "`false` on `budget_exceeded`."),
-            )),
-        (status = 502, description = "`upstream_error`: the model server failed (a 5xx, or it stopped answering mid-request). A request that provably never started on a node (connection refused or reset before any response, or a 503) is retried once on another node before this is returned. Carries `Retry-After` and `X-Acs-Upstream-Error-Kind`.", body = crate::openapi::ErrorEnvelopeDoc,
-            headers(
-                ("Retry-After" = u32, description = "Seconds to wait before retrying."),
-                ("X-Acs-Upstream-Error-Kind" = String, description = "Mirrors `error.code`."),
-            )),
-        (status = 503, description = "`upstream_unavailable`: no node of the model is up or reachable, a sleeping model could not be woken, or every node is at capacity and the fleet queue is full or timed out (with `X-Acs-Upstream-Error-Kind`); or `admission_unavailable`: the shared limit counters cannot be reached, so nothing may start; or `store_unavailable`: the key is not among the keys this server holds in memory and the store cannot be reached to look it up, or the store has been away so long that the usage waiting to be recorded reached its bound. All carry `Retry-After`.", body = crate::openapi::ErrorEnvelopeDoc,
-            headers(
-                ("Retry-After" = u32, description = "Seconds to wait before retrying."),
-                ("X-Acs-Upstream-Error-Kind" = String, description = "Mirrors `error.code`."),
-            )),
-        (status = 504, description = "`upstream_deadline`: the model server did not finish a non-streaming request inside the request window; the generation was stopped. `X-Should-Retry: false` and no `Retry-After`: the same request would time out again (send stream=true or lower max_tokens).", body = crate::openapi::ErrorEnvelopeDoc,
-            headers(
-                ("X-Should-Retry" = String, description = "`false`."),
-                ("X-Acs-Upstream-Error-Kind" = String, description = "`upstream_deadline`."),
-            )),
-    ),
-    security(("bearer" = []))
-)]
-pub async fn create_completion(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Extension(request_id): Extension<RequestId>,
-    Extension(record): Extension<RequestRecord>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, ApiError> {
-    require_json(&headers)?;
-    let config = state.config();
-    let body_timeout = Duration::from_millis(config.connections.body_read_timeout_ms);
-    // Reading the body is part of parsing it: a slow upload shows here.
-    let parse = tracing::debug_span!("parse");
-    let bytes = read_limited(&headers, body, config.max_body_bytes, body_timeout)
-        .instrument(parse.clone())
-        .await?;
-    let checked = parse.in_scope(|| Checked::parse(&state, &bytes, &record))?;
-    drop(parse); // its span ends with the checks
-    if jobs::submit::prefers_async(&headers) {
-        return jobs::submit::submit(&state, &caller, &request_id.0, &headers, &bytes, checked)
-            .await;
-    }
-    let mode = Mode {
-        on_budget_clamp: OnBudgetClamp::from_headers(&headers)?,
-        ..Mode::synchronous(&state)
-    };
-    Ok(pipeline::complete(
-        &state,
-        &caller,
-        &request_id.0,
-        record,
-        &headers,
-        checked,
-        mode,
-    )
-    .await)
-}

@@ -1,13 +1,11 @@
 //! The path of one completion once its body is read: check → plan → admit → dispatch →
-//! relay. The `/v1/completions` handler runs it for a synchronous call; a job's worker
-//! (`crate::jobs`) runs it for a job, with a window of its own and charged under the
-//! job's id.
+//! relay, to an [`Outcome`]. The `/v1/completions` handler runs it for a synchronous
+//! call and renders the outcome; a job's worker (`crate::jobs`) runs it for a job, with
+//! a window of its own and charged under the job's id, and keeps the outcome.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::{HeaderMap, HeaderName, HeaderValue};
-use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -15,21 +13,20 @@ use tracing::Instrument;
 use super::admit;
 use super::budget_refusal::{self, OnBudgetClamp};
 use super::cold;
-use super::dispatch::{self, NotSent, Window};
+use super::dispatch::{self, Unanswered, Window};
 use super::draining::unless_draining;
-use super::job::Job;
+use super::outcome::{Answer, Clamp, Completed, Failed, Outcome, Tags};
+use super::outgoing::Outgoing;
 use super::plan::{DeadlineFit, Plan, PlanError, Planner};
 use super::request::CompletionRequest;
 use super::settle::Settlement;
 use crate::admission::{Cost, KeyLimits};
-use crate::contract::{
-    MAX_OUTPUT_WORK, X_ACS_MAX_TOKENS_CLAMPED, X_ACS_UPSTREAM_GPU, X_ACS_UPSTREAM_MODEL,
-};
+use crate::contract::{MAX_OUTPUT_WORK, Workload};
 use crate::error::ApiError;
 use crate::fleet::{Model, NoNode, Node};
-use crate::http::auth::Caller;
-use crate::http::request_record::{RequestRecord, workload};
+use crate::request_record::RequestRecord;
 use crate::state::AppState;
+use crate::store::KeyRecord;
 use crate::upstream::Served;
 
 /// How a completion runs: a synchronous call, or a run of a job.
@@ -43,17 +40,25 @@ pub struct Mode<'a> {
     pub job: Option<&'a str>,
     /// Whether a budget clamp runs or is refused (`X-Acs-Budget-Clamp`).
     pub on_budget_clamp: OnBudgetClamp,
+    /// What the request is for, as declared (`X-Acs-Workload`): interactive traffic
+    /// keeps a model that scales to zero warm.
+    pub workload: Option<Workload>,
 }
 
 impl Mode<'_> {
     /// A client waits: the request window applies, the usage is the request's own.
-    pub fn synchronous(state: &AppState) -> Self {
+    pub fn synchronous(
+        state: &AppState,
+        on_budget_clamp: OnBudgetClamp,
+        workload: Option<Workload>,
+    ) -> Self {
         Self {
             window: Some(Duration::from_millis(
                 state.config().fleet.request_window_ms,
             )),
             job: None,
-            on_budget_clamp: OnBudgetClamp::Clamp,
+            on_budget_clamp,
+            workload,
         }
     }
 }
@@ -88,54 +93,45 @@ impl<'b, 's> Checked<'b, 's> {
     }
 }
 
-/// Runs a completion whose body has been read and checked: the response a client gets
-/// (an error as its envelope, marked [`NotSent`] when no node can have received the
-/// request), with the upstream's model and GPU named.
+/// Runs a completion whose body has been read and checked, for the key `key`; the
+/// outcome names the upstream's model and GPU.
 pub async fn complete(
     state: &AppState,
-    caller: &Caller,
+    key: &KeyRecord,
     request_id: &str,
     record: RequestRecord,
-    headers: &HeaderMap,
     checked: Checked<'_, '_>,
     mode: Mode<'_>,
-) -> Response {
+) -> Outcome {
     let Checked { request, model } = checked;
     if state.config().traces.enabled() {
         // For the trace only (see `http::request_span`).
         tracing::Span::current().record("model", model.id.as_str());
     }
-    model.sleep.touch(workload(headers) == Some("interactive"));
+    model
+        .sleep
+        .touch(mode.workload == Some(Workload::Interactive));
 
-    let facts = match Facts::learn(state, model).await {
-        Ok(facts) => facts,
-        Err(err) => return not_sent(err),
+    let facts = Facts::learn(state, model).await.map_err(Failed::unsent)?;
+    // The node asked for the model's facts stands in when no node is named for the
+    // request, unless it failed for a reason of the gateway's own (limits, budget,
+    // admission, store): then nothing went upstream.
+    let asked = facts.node.as_ref().map(|node| node.gpu.clone());
+    let served = Some(facts.served.name.clone());
+    let mut outcome =
+        match prepare(state, key, request_id, record, &request, model, facts, mode).await {
+            Ok(prepared) => send(state, model, &request, prepared, request_id).await,
+            Err(error) => Err(Failed::unsent(error)),
+        };
+    let (tags, node_failed) = match &mut outcome {
+        Ok(completed) => (&mut completed.tags, true),
+        Err(failed) => (&mut failed.tags, failed.error.from_upstream()),
     };
-    let tags = upstream_tags(facts.node.as_deref(), Some(&facts.served));
-    let result = forward(
-        state, caller, request_id, record, &request, model, facts, mode,
-    )
-    .await;
-    // `forward` names the node that ran the request; the one asked for the model's facts
-    // stands in only when that node failed it (counting tokens). The gateway's own
-    // refusals (limits, budget, admission, store) name no node: nothing went upstream.
-    let node_failed = result.as_ref().err().is_none_or(ApiError::from_upstream);
-    let mut response = result.unwrap_or_else(not_sent);
-    for (name, value) in tags {
-        if name == X_ACS_UPSTREAM_GPU && !node_failed {
-            continue;
-        }
-        response.headers_mut().entry(name).or_insert(value);
+    tags.model = served;
+    if tags.gpu.is_none() && node_failed {
+        tags.gpu = asked;
     }
-    response
-}
-
-/// The answer to a request refused before dispatch (no node to ask, planning,
-/// admission, a wake that failed): no node has it.
-fn not_sent(err: ApiError) -> Response {
-    let mut response = err.into_response();
-    response.extensions_mut().insert(NotSent);
-    response
+    outcome
 }
 
 /// The `model` a body names, if it is a JSON object with a string `model`, whatever
@@ -278,7 +274,7 @@ fn unless_backlogged(state: &AppState) -> Result<(), ApiError> {
 /// slot. Counts one start against the key's rate.
 pub async fn admissible(
     state: &AppState,
-    caller: &Caller,
+    key: &KeyRecord,
     request_id: &str,
     checked: &Checked<'_, '_>,
     window: Option<Duration>,
@@ -300,7 +296,6 @@ pub async fn admissible(
         None => worst_case(request),
     };
     unless_backlogged(state)?;
-    let key = &caller.0;
     let limits = KeyLimits::resolve(&state.config().limits, &key.limits);
     admit::check(state, key.id, &limits, &cost, request_id)
         .instrument(tracing::debug_span!("admit"))
@@ -317,22 +312,29 @@ fn worst_case(request: &CompletionRequest<'_>) -> Cost {
     }
 }
 
-/// plan → admit → dispatch → relay.
+/// An admitted request, planned, its body for the node made.
+struct Prepared {
+    settlement: Settlement,
+    body: Bytes,
+    window: Option<Duration>,
+    clamp: Option<Clamp>,
+}
+
+/// plan → admit: everything decided before a node is asked.
 #[allow(clippy::too_many_arguments)]
-async fn forward(
+async fn prepare(
     state: &AppState,
-    caller: &Caller,
+    key: &KeyRecord,
     request_id: &str,
     record: RequestRecord,
     request: &CompletionRequest<'_>,
     model: &Model,
     mut facts: Facts,
     mode: Mode<'_>,
-) -> Result<Response, ApiError> {
+) -> Result<Prepared, ApiError> {
     let window = if request.stream() { None } else { mode.window };
     let plan = plan(state, request, model, &mut facts, window, true).await?;
     unless_backlogged(state)?;
-    let key = &caller.0;
     let mut limits = KeyLimits::resolve(&state.config().limits, &key.limits);
     if mode.job.is_some() {
         limits = limits.without_rate();
@@ -359,15 +361,36 @@ async fn forward(
         return Err(budget_refusal::refusal(state, key.id, &limits, &plan.cost, &grant).await);
     }
     let send_max_tokens = (budget_clamped || plan.default_max_tokens).then_some(applied);
-    let body = Bytes::from(request.upstream_body(&facts.served.name, send_max_tokens));
-    let clamp = clamp_header(&plan, applied, budget_clamped);
+    Ok(Prepared {
+        body: Bytes::from(request.upstream_body(&facts.served.name, send_max_tokens)),
+        clamp: clamp(&plan, applied, budget_clamped),
+        settlement,
+        window,
+    })
+}
+
+/// dispatch → relay; for a sleeping model, wake it and commit the answer while it
+/// boots.
+async fn send(
+    state: &AppState,
+    model: &Model,
+    request: &CompletionRequest<'_>,
+    prepared: Prepared,
+    request_id: &str,
+) -> Outcome {
+    let Prepared {
+        settlement,
+        body,
+        window,
+        clamp,
+    } = prepared;
     let affinity = model.affinity(request.prompt().start());
     if model.sleep.can_wake() && !model.is_up() {
         // Wake it (or join the boot under way), then commit a 200 and keep the client
         // company while it boots.
         if let Err(err) = unless_draining(state, model.wake(state.upstream())).await {
             settlement.release_unused().await;
-            return Err(err);
+            return Err(Failed::unsent(err));
         }
         let pending = cold::Pending {
             state: state.clone(),
@@ -378,15 +401,15 @@ async fn forward(
             stream: request.stream(),
             window: Window(window),
         };
-        let mut response = cold::respond(pending, settlement, request_id.to_owned());
-        if let Some(clamp) = clamp {
-            response
-                .headers_mut()
-                .insert(X_ACS_MAX_TOKENS_CLAMPED, clamp);
-        }
-        return Ok(response);
+        return Ok(Completed {
+            answer: Answer::Booting(cold::respond(pending, settlement, request_id.to_owned())),
+            tags: Tags {
+                clamp,
+                ..Tags::default()
+            },
+        });
     }
-    let job = Job {
+    let outgoing = Outgoing {
         state,
         model,
         include_usage: request.include_usage(),
@@ -394,19 +417,29 @@ async fn forward(
         affinity,
         window: Window(window),
     };
-    let (result, upstream, sent) = job.run(settlement).await;
-    let mut response = result.unwrap_or_else(IntoResponse::into_response);
-    if !sent {
-        response.extensions_mut().insert(NotSent);
+    match outgoing.send(settlement).await {
+        Ok((relayed, node)) => Ok(Completed {
+            answer: Answer::Relayed(relayed),
+            tags: Tags {
+                gpu: Some(node.gpu.clone()),
+                clamp,
+                ..Tags::default()
+            },
+        }),
+        Err(Unanswered {
+            error,
+            upstream,
+            sent,
+        }) => Err(Failed {
+            error,
+            sent,
+            tags: Tags {
+                gpu: upstream.map(|node| node.gpu.clone()),
+                clamp,
+                ..Tags::default()
+            },
+        }),
     }
-    let headers = response.headers_mut();
-    if let Some(gpu) = upstream.and_then(|u| HeaderValue::from_str(&u.gpu).ok()) {
-        headers.insert(X_ACS_UPSTREAM_GPU, gpu);
-    }
-    if let Some(clamp) = clamp {
-        headers.insert(X_ACS_MAX_TOKENS_CLAMPED, clamp);
-    }
-    Ok(response)
 }
 
 /// Resolves when `token` is cancelled; never without one.
@@ -417,38 +450,13 @@ async fn cancelled(token: Option<&CancellationToken>) {
     }
 }
 
-/// `X-Acs-Max-Tokens-Clamped` when the request window or the budget cut `max_tokens`.
-fn clamp_header(plan: &Plan, applied: u64, budget_clamped: bool) -> Option<HeaderValue> {
-    let reason = match (plan.deadline_clamped, budget_clamped) {
-        (false, false) => return None,
-        (true, false) => "deadline",
-        (false, true) => "budget",
-        (true, true) => "deadline+budget",
-    };
-    let source = if plan.default_max_tokens {
-        "default"
-    } else {
-        "client"
-    };
-    let value = format!(
-        "requested={},applied={applied},reason={reason},source={source}",
-        plan.requested_max_tokens
-    );
-    HeaderValue::from_str(&value).ok()
-}
-
-/// `X-Acs-Upstream-Model` / `X-Acs-Upstream-Gpu`: which backend served (or failed); the
-/// model only once the upstream has said what it serves.
-fn upstream_tags(
-    upstream: Option<&Node>,
-    served: Option<&Served>,
-) -> Vec<(HeaderName, HeaderValue)> {
-    let mut tags = Vec::with_capacity(2);
-    if let Some(value) = served.and_then(|s| HeaderValue::from_str(&s.name).ok()) {
-        tags.push((X_ACS_UPSTREAM_MODEL, value));
-    }
-    if let Some(value) = upstream.and_then(|u| HeaderValue::from_str(&u.gpu).ok()) {
-        tags.push((X_ACS_UPSTREAM_GPU, value));
-    }
-    tags
+/// How the request window or the budget cut `max_tokens`, if either did.
+fn clamp(plan: &Plan, applied: u64, budget_clamped: bool) -> Option<Clamp> {
+    (plan.deadline_clamped || budget_clamped).then_some(Clamp {
+        requested: plan.requested_max_tokens,
+        applied,
+        deadline: plan.deadline_clamped,
+        budget: budget_clamped,
+        default: plan.default_max_tokens,
+    })
 }

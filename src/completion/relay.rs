@@ -15,22 +15,18 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::Instant;
 
-use axum::body::Body;
-use axum::http::header;
-use axum::response::Response;
 use bytes::Bytes;
 use futures_util::StreamExt;
-use http_body_util::combinators::UnsyncBoxBody;
-use hyper::body::Frame;
 
-use crate::completion::cut::Cut;
-use crate::completion::dispatch::stopped_answering;
-use crate::completion::meter::Meter;
-use crate::completion::settle::{Settlement, Settling};
-use crate::completion::watch::Watch;
+use super::cut::Cut;
+use super::dispatch::stopped_answering;
+use super::meter::Meter;
+use super::outcome::{Relayed, RelayedBody};
+use super::settle::{Settlement, Settling};
+use super::watch::Watch;
 use crate::error::ApiError;
 use crate::metrics::{UpstreamMetrics, UpstreamOutcome};
-use crate::upstream::{Answer, ByteStream, upstream_rejection};
+use crate::upstream::{ByteStream, NodeReply, upstream_rejection};
 
 /// A JSON answer up to this long is read whole before it is relayed.
 const WHOLE_BODY_MAX: u64 = 64 * 1024;
@@ -45,13 +41,13 @@ const GATHER_ROOM: usize = GATHER_MAX + 4 * 1024;
 /// `timing`: the upstream's series, for its outcome, time to the first byte and duration.
 /// `span`: the relay's trace span, which a streamed body holds until it ends.
 pub async fn relay(
-    upstream: Answer,
+    upstream: NodeReply,
     mut settlement: Settlement,
     forward_usage: bool,
     timing: Timing,
     cut: Cut,
     span: tracing::Span,
-) -> Result<Response, ApiError> {
+) -> Result<Relayed, ApiError> {
     if !upstream.status().is_success() {
         timing.metrics.outcome(UpstreamOutcome::ErrorStatus);
         let rejection = upstream_rejection(upstream).await;
@@ -72,16 +68,18 @@ pub async fn relay(
     } else {
         Meter::json()
     };
-    let mut response = Response::builder().status(upstream.status());
-    if let Some(value) = content_type {
-        response = response.header(header::CONTENT_TYPE, value);
-    }
+    let status = upstream.status();
     if !is_sse
         && upstream
             .content_length()
             .is_some_and(|n| n <= WHOLE_BODY_MAX)
     {
-        return relay_whole(upstream, response, settlement, timing, cut).await;
+        let body = relay_whole(upstream, settlement, timing, cut).await?;
+        return Ok(Relayed {
+            status,
+            content_type,
+            body: RelayedBody::Whole(body),
+        });
     }
     // Dropping this body (the client went away) drops the upstream response, which
     // closes its connection, and vLLM aborts the generation; the settlement charges
@@ -100,22 +98,21 @@ pub async fn relay(
         cut: Watch::new(cut),
         _span: span,
     };
-    // Boxed as axum's own boxed body, which `Body::new` takes as it is: any other body
-    // it wraps in a layer that maps its errors, one more for every frame to pass.
-    response
-        .body(Body::new(UnsyncBoxBody::new(body)))
-        .map_err(ApiError::internal)
+    Ok(Relayed {
+        status,
+        content_type,
+        body: RelayedBody::Streamed(body),
+    })
 }
 
-/// Reads a small answer whole, settles, then answers with it. An answer that stops
-/// before its length is a 502 with the envelope, since nothing was sent yet.
+/// Reads a small answer whole and settles. An answer that stops before its length is a
+/// 502 with the envelope, since nothing was sent yet.
 async fn relay_whole(
-    upstream: Answer,
-    response: axum::http::response::Builder,
+    upstream: NodeReply,
     mut settlement: Settlement,
     timing: Timing,
     cut: Cut,
-) -> Result<Response, ApiError> {
+) -> Result<Bytes, ApiError> {
     let mut body = upstream.into_body();
     let read = async {
         while let Some(chunk) = body.next().await {
@@ -137,13 +134,13 @@ async fn relay_whole(
     timing.metrics.finished(timing.sent);
     let body = settlement.meter.take();
     settlement.finish().await;
-    response.body(Body::from(body)).map_err(ApiError::internal)
+    Ok(body)
 }
 
 /// 502: a [`Cut`] stopped the answer before any of it was sent.
 fn cut_short(reason: &str) -> ApiError {
     ApiError::UpstreamRejected {
-        status: axum::http::StatusCode::BAD_GATEWAY,
+        status: http::StatusCode::BAD_GATEWAY,
         kind: "upstream_error",
         message: format!("The answer was cut short: {reason}. Retry shortly."),
     }
@@ -163,7 +160,9 @@ enum FirstOut {
     Written,
 }
 
-struct Metered {
+/// A streamed answer's body: relayed piece by piece ([`Metered::poll_piece`]), metered
+/// on the way, and settled when it ends or is dropped.
+pub struct Metered {
     /// Polled again only once it may have more: hyper polls the body again after each
     /// piece, and at a realistic pace the upstream's answer to that is always `Pending`.
     inner: Watch<ByteStream>,
@@ -197,25 +196,10 @@ pub struct Timing {
     pub sent: Instant,
 }
 
-/// A body of its own rather than a stream made into one, with axum's error type: one
-/// layer less for each of hyper's polls, twice a frame (see `relay`).
-impl hyper::body::Body for Metered {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        self.get_mut()
-            .poll_piece(cx)
-            .map(|piece| piece.map(|piece| piece.map(Frame::data).map_err(axum::Error::new)))
-    }
-}
-
 impl Metered {
-    /// The next piece of the answer for the client.
-    fn poll_piece(&mut self, cx: &mut Context<'_>) -> Poll<Option<io::Result<Bytes>>> {
+    /// The next piece of the answer for the client; an error ends the body early (the
+    /// front door then drops the connection).
+    pub fn poll_piece(&mut self, cx: &mut Context<'_>) -> Poll<Option<io::Result<Bytes>>> {
         if self.first_out == FirstOut::Handed {
             self.first_out = FirstOut::Written;
             cx.waker().wake_by_ref();

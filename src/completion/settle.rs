@@ -19,8 +19,8 @@ use crate::admission::{Grant, Limiter};
 use crate::backoff::Backoff;
 use crate::completion::meter::Meter;
 use crate::fleet::InFlight;
-use crate::http::request_record::RequestRecord;
 use crate::metrics::GaugeGuard;
+use crate::request_record::RequestRecord;
 use crate::state::AppState;
 use crate::store::{UsageRow, now_unix};
 

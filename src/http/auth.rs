@@ -12,8 +12,8 @@ use axum::response::Response;
 use tracing::Instrument;
 
 use crate::error::ApiError;
-use crate::http::request_record::RequestRecord;
 use crate::keys;
+use crate::request_record::RequestRecord;
 use crate::state::AppState;
 use crate::store::KeyRecord;
 

@@ -16,7 +16,6 @@ use axum::http::response::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
 
 use crate::contract::X_REQUEST_ID;
 use crate::error::{ApiError, ErrorBody};
@@ -41,22 +40,6 @@ impl RequestId {
     pub fn generate() -> Self {
         Self(format!("req_{}", uuid::Uuid::now_v7().simple()))
     }
-}
-
-#[derive(Serialize)]
-struct Envelope<'a> {
-    error: EnvelopeError<'a>,
-    request_id: &'a str,
-}
-
-#[derive(Serialize)]
-struct EnvelopeError<'a> {
-    code: &'a str,
-    message: &'a str,
-    #[serde(rename = "type")]
-    kind: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    param: Option<&'a str>,
 }
 
 /// The envelope as a middleware of its own (the ops listener's; the main listener's
@@ -107,20 +90,6 @@ fn is_error(status: StatusCode) -> bool {
     status.is_client_error() || status.is_server_error()
 }
 
-/// The envelope JSON of `error`: `{"error":{…},"request_id":…}`.
-pub fn envelope_json(error: &ErrorBody, request_id: &str) -> Vec<u8> {
-    let envelope = Envelope {
-        error: EnvelopeError {
-            code: error.code,
-            message: &error.message,
-            kind: error.kind,
-            param: error.param.as_deref(),
-        },
-        request_id,
-    };
-    serde_json::to_vec(&envelope).unwrap_or_default()
-}
-
 /// Sets the envelope's headers and returns its body.
 fn render(headers: &mut HeaderMap, error: &ErrorBody, id: &RequestId) -> Vec<u8> {
     headers.insert(
@@ -128,7 +97,7 @@ fn render(headers: &mut HeaderMap, error: &ErrorBody, id: &RequestId) -> Vec<u8>
         HeaderValue::from_static("application/json"),
     );
     headers.remove(header::CONTENT_LENGTH);
-    envelope_json(error, &id.0)
+    error.envelope_json(&id.0)
 }
 
 /// An envelope for an error response the framework produced, keeping its text as the

@@ -3,7 +3,9 @@
 
 pub mod auth;
 pub mod body;
+pub mod completions;
 pub mod envelope;
+mod error_response;
 pub mod every_request;
 pub mod fallback;
 pub mod panics;

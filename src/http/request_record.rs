@@ -1,146 +1,26 @@
-//! One metadata row per request for the request log (what the README's "Request log"
-//! section promises): who (key prefix, email, client IP), what (endpoint, model, workload), how it
-//! went (status, error code, tokens, latency) — never prompt or completion text.
-//!
-//! [`recorded`] opens the record and fills in what it sees; the stages fill in the
-//! rest as they learn it. A completion whose body is still streaming holds the record
-//! open: the row is written when the last holder lets go, so streams are logged with
-//! their final token counts and full latency. The request metrics are counted at the
-//! same moment, from the same row.
+//! The front door's part of the request record (`crate::request_record`): every API
+//! request gets one, opened before the route runs and given the response's status and
+//! error code when it is ready.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
 
 use axum::extract::{ConnectInfo, Request};
+use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::Response;
 
-use crate::contract::X_ACS_WORKLOAD;
+use crate::contract::{Workload, X_ACS_WORKLOAD};
 use crate::error::ErrorBody;
 use crate::http::panics;
-use crate::metrics::{FinishedRequest, Metrics};
-use crate::request_log::RequestLog;
+use crate::request_record::RequestRecord;
 use crate::state::AppState;
-use crate::store::{RequestLogRow, now_unix_ms};
 
 /// `X-Acs-Workload` when it is one of the two known values; others are ignored.
-pub fn workload(headers: &axum::http::HeaderMap) -> Option<&str> {
+pub fn workload(headers: &HeaderMap) -> Option<Workload> {
     headers
         .get(X_ACS_WORKLOAD)
         .and_then(|v| v.to_str().ok())
-        .filter(|v| matches!(*v, "interactive" | "batch"))
-}
-
-/// The open record of the current request, shared by the stages that fill it in.
-#[derive(Clone)]
-pub struct RequestRecord(Arc<Mutex<Open>>);
-
-struct Open {
-    row: RequestLogRow,
-    started: Instant,
-    /// Parties that must let go before the row is written.
-    holders: u8,
-    log: RequestLog,
-    metrics: Metrics,
-    /// The request's span (see `request_span`), entered to write the line: a stream's
-    /// row is written when its body ends, after the handler's span has been left.
-    span: tracing::Span,
-}
-
-impl RequestRecord {
-    /// Opens a record; the row is written when its last holder lets go (the opener is
-    /// the first).
-    pub fn open(
-        state: &AppState,
-        request_id: String,
-        endpoint: String,
-        workload: Option<String>,
-        client_ip: Option<std::net::IpAddr>,
-    ) -> Self {
-        Self(Arc::new(Mutex::new(Open {
-            row: RequestLogRow {
-                request_id,
-                created_at_ms: now_unix_ms(),
-                key_id: None,
-                key_prefix: None,
-                email: None,
-                client_ip,
-                endpoint,
-                model: None,
-                prompt_tokens: None,
-                completion_tokens: None,
-                status: 0,
-                error_code: None,
-                latency_ms: 0,
-                workload,
-            },
-            started: Instant::now(),
-            holders: 1,
-            log: state.request_log().clone(),
-            metrics: state.metrics().clone(),
-            span: tracing::Span::current(),
-        })))
-    }
-
-    /// The outcome the row reports: the status sent and the error code, if any.
-    pub fn set_outcome(&self, status: u16, error_code: Option<&str>) {
-        let mut open = self.lock();
-        open.row.status = status;
-        open.row.error_code = error_code.map(str::to_owned);
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Open> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub fn set_caller(&self, key_id: i64, key_prefix: &str, email: Option<&str>) {
-        let mut open = self.lock();
-        open.row.key_id = Some(key_id);
-        open.row.key_prefix = Some(key_prefix.to_owned());
-        open.row.email = email.map(str::to_owned);
-    }
-
-    pub fn set_model(&self, model: &str) {
-        self.lock().row.model = Some(model.to_owned());
-    }
-
-    pub fn set_tokens(&self, prompt_tokens: u64, completion_tokens: u64) {
-        let mut open = self.lock();
-        open.row.prompt_tokens = Some(prompt_tokens);
-        open.row.completion_tokens = Some(completion_tokens);
-    }
-
-    /// An error that went into the body of a 200 already sent (after a cold boot).
-    pub fn set_in_body_error(&self, code: &str) {
-        self.lock().row.error_code = Some(code.to_owned());
-    }
-
-    /// Keeps the record open until [`RequestRecord::release`] is called again (by the
-    /// body that is still streaming).
-    pub fn hold(&self) {
-        self.lock().holders += 1;
-    }
-
-    /// Lets go; the last holder writes the row.
-    pub fn release(&self) {
-        let mut open = self.lock();
-        open.holders = open.holders.saturating_sub(1);
-        if open.holders == 0 {
-            let latency = open.started.elapsed();
-            open.row.latency_ms = u64::try_from(latency.as_millis()).unwrap_or(u64::MAX);
-            open.metrics.request_finished(&FinishedRequest {
-                model: open.row.model.as_deref(),
-                status: open.row.status,
-                error_code: open.row.error_code.as_deref(),
-                prompt_tokens: open.row.prompt_tokens,
-                completion_tokens: open.row.completion_tokens,
-                latency,
-            });
-            open.span.in_scope(|| log_line(&open.row));
-            open.log.record(open.row.clone());
-        }
-    }
+        .and_then(Workload::parse)
 }
 
 /// Runs the rest of an API request under its record, opened here and released when the
@@ -158,7 +38,7 @@ pub async fn recorded(
     if !is_api_path(request.uri().path()) {
         return panics::caught(next.run(request)).await;
     }
-    let workload = workload(request.headers()).map(str::to_owned);
+    let workload = workload(request.headers());
     let client_ip = request
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
@@ -171,24 +51,6 @@ pub async fn recorded(
     record.set_outcome(response.status().as_u16(), error_code);
     record.release();
     response
-}
-
-/// One log line per API request, with the same metadata as its row (JSON with
-/// `log_format = "json"`): never a key secret, a prompt or a completion.
-fn log_line(row: &RequestLogRow) {
-    tracing::info!(
-        request_id = %row.request_id,
-        endpoint = %row.endpoint,
-        key_prefix = row.key_prefix.as_deref().unwrap_or(""),
-        model = row.model.as_deref().unwrap_or(""),
-        status = row.status,
-        error_code = row.error_code.as_deref().unwrap_or(""),
-        prompt_tokens = row.prompt_tokens.unwrap_or(0),
-        completion_tokens = row.completion_tokens.unwrap_or(0),
-        latency_ms = row.latency_ms,
-        workload = row.workload.as_deref().unwrap_or(""),
-        "request finished"
-    );
 }
 
 fn is_api_path(path: &str) -> bool {

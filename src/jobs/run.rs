@@ -18,24 +18,26 @@
 
 use std::time::Duration;
 
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
+
 use bytes::Bytes;
+use http::StatusCode;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::Month;
 use crate::backoff::Backoff;
 use crate::completion::budget_refusal::OnBudgetClamp;
-use crate::completion::dispatch::{NotSent, stopped_answering};
+use crate::completion::dispatch::stopped_answering;
+use crate::completion::outcome::{
+    Answer, BootEvent, Booting, Completed, Failed, Outcome, RelayedBody,
+};
 use crate::completion::pipeline::{self, Checked, Mode};
-use crate::contract::X_ACS_WORKLOAD;
-use crate::error::{ApiError, ErrorBody};
-use crate::http::auth::Caller;
-use crate::http::envelope::envelope_json;
-use crate::http::request_record::RequestRecord;
+use crate::contract::Workload;
+use crate::error::ApiError;
+use crate::request_record::RequestRecord;
 use crate::state::AppState;
-use crate::store::{JobRow, JobStatus, Outcome, UsageRow, now_unix, now_unix_ms};
+use crate::store::{self, JobRow, JobStatus, KeyRecord, UsageRow, now_unix, now_unix_ms};
 
 /// The largest result body kept (a completion with many logprobs is large, but not
 /// this large).
@@ -49,22 +51,20 @@ const RETRY: Backoff = Backoff::new(Duration::from_millis(500), Duration::from_s
 const FINISH_RETRY: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
 
 /// How the pipeline answered a run.
-enum Answer {
+enum Answered {
     /// The body, and the prompt and completion tokens of its `usage`.
     Succeeded(Bytes, Option<u64>, Option<u64>),
     Failed {
-        status: StatusCode,
-        error: ErrorBody,
-        retry_after: Option<Duration>,
+        error: ApiError,
         /// Whether no node can have received the request (see
-        /// [`crate::completion::dispatch::NotSent`]): only then may it run again.
+        /// [`crate::completion::outcome::Failed::sent`]): only then may it run again.
         not_sent: bool,
     },
 }
 
 /// Why a run stopped.
 enum Stop {
-    Answered(Answer),
+    Answered(Answered),
     Cancelled,
     Cut,
     Lost,
@@ -137,198 +137,166 @@ async fn supervise(
 
 /// The run proper: a key at its slots or rate waits here (the same attempt) and tries
 /// again, each try a request of its own (`{job id}.{attempt}.{try}`).
-async fn attempt(state: &AppState, job: &JobRow) -> Answer {
+async fn attempt(state: &AppState, job: &JobRow) -> Answered {
     let mut tries = 0_u32;
     loop {
         tries += 1;
         let request_id = format!("{}.{}.{tries}", job.id, job.attempts);
-        let answer = answer(state, job, &request_id).await;
-        match &answer {
-            Answer::Failed {
-                error,
-                retry_after: Some(wait),
+        let answered = answer(state, job, &request_id).await;
+        match &answered {
+            Answered::Failed {
+                error: error @ (ApiError::QueueFull { .. } | ApiError::RateLimited { .. }),
                 not_sent: true,
-                ..
-            } if matches!(error.code, "queue_full" | "rate_limited") => {
-                tokio::time::sleep(*wait).await;
-            }
-            _ => return answer,
+            } => tokio::time::sleep(error.retry_after().unwrap_or_default()).await,
+            _ => return answered,
         }
     }
 }
 
 /// Runs the stored request once as `request_id`.
-async fn answer(state: &AppState, job: &JobRow, request_id: &str) -> Answer {
+async fn answer(state: &AppState, job: &JobRow, request_id: &str) -> Answered {
     let Some(body) = job.request.as_deref() else {
         // Content goes only after a job ends; a running job always has its request.
+        tracing::error!(job_id = %job.id, "a running job has no request");
         return failed(ApiError::internal(anyhow::anyhow!(
             "job {} has no request",
             job.id
         )));
     };
-    let Some(caller) = caller(state, job.key_id).await else {
+    let Some(key) = owner(state, job.key_id).await else {
         return failed(ApiError::Unauthorized("This API key has been revoked."));
     };
-    let key = &caller.0;
     let record = RequestRecord::open(
         state,
         request_id.to_owned(),
         "/v1/completions".to_owned(),
-        Some("batch".to_owned()),
+        Some(Workload::Batch),
         None,
     );
     record.set_caller(key.id, &key.prefix, key.email.as_deref());
-    let mut headers = HeaderMap::new();
-    headers.insert(X_ACS_WORKLOAD, HeaderValue::from_static("batch"));
     let mode = Mode {
         window: Some(Duration::from_millis(state.config().jobs.run_timeout_ms)),
         job: Some(&job.id),
         // A job has no one to ask: it runs with what the budget allows, as the API clamps.
         on_budget_clamp: OnBudgetClamp::Clamp,
+        workload: Some(Workload::Batch),
     };
-    let response = match Checked::parse(state, body, &record) {
+    let answered = match Checked::parse(state, body, &record) {
         Ok(checked) => {
-            pipeline::complete(
-                state,
-                &caller,
-                request_id,
-                record.clone(),
-                &headers,
-                checked,
-                mode,
-            )
-            .await
+            let outcome =
+                pipeline::complete(state, &key, request_id, record.clone(), checked, mode).await;
+            read(outcome).await
         }
         // The stored request no longer fits the config (its model was removed by a
         // reload, say): running it again cannot help.
-        Err(err) => err.into_response(),
+        Err(err) => failed(err),
     };
-    let answer = read(response).await;
-    match &answer {
-        Answer::Succeeded(..) => record.set_outcome(200, None),
-        Answer::Failed { status, error, .. } => {
-            record.set_outcome(status.as_u16(), Some(error.code));
+    match &answered {
+        Answered::Succeeded(..) => record.set_outcome(200, None),
+        Answered::Failed { error, .. } => {
+            record.set_outcome(error.status().as_u16(), Some(error.code()));
         }
     }
     record.release();
-    answer
+    answered
 }
 
-/// The pipeline's response as an answer: its error, or its whole body.
-async fn read(response: Response) -> Answer {
-    let status = response.status();
-    if let Some(error) = response.extensions().get::<ErrorBody>().cloned() {
-        let retry_after = response
-            .headers()
-            .get(header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-            .map(Duration::from_secs);
-        let not_sent = response.extensions().get::<NotSent>().is_some();
-        return Answer::Failed {
-            status,
-            error,
-            retry_after,
-            not_sent,
-        };
-    }
-    match axum::body::to_bytes(response.into_body(), MAX_RESULT_BYTES).await {
-        Ok(body) => match Summary::of(&body) {
-            // After a cold boot the 200 was committed and the error came in the body.
-            // The node may have had the request by then.
-            Summary {
-                error: Some(error), ..
-            } => Answer::Failed {
-                status: StatusCode::BAD_GATEWAY,
-                error: error.body(),
-                retry_after: None,
-                not_sent: false,
-            },
-            Summary { usage, .. } => {
-                let usage = usage.unwrap_or_default();
-                Answer::Succeeded(body, usage.prompt_tokens, usage.completion_tokens)
-            }
-        },
-        // The node stopped answering mid-body (or the body was over the limit).
-        Err(_) => failed(stopped_answering()),
+/// The pipeline's outcome as an answer: its error, or its whole body.
+async fn read(outcome: Outcome) -> Answered {
+    let answer = match outcome {
+        Ok(Completed { answer, .. }) => answer,
+        Err(Failed { error, sent, .. }) => {
+            return Answered::Failed {
+                error,
+                not_sent: !sent,
+            };
+        }
+    };
+    let body = match answer {
+        Answer::Relayed(relayed) => read_relayed(relayed.body).await,
+        // After a cold boot the answer was committed and an error comes in its place.
+        // The node may have had the request by then.
+        Answer::Booting(booting) => read_booting(booting).await,
+    };
+    match body {
+        Ok(body) => {
+            let usage = BodyUsage::of(&body);
+            Answered::Succeeded(body, usage.prompt_tokens, usage.completion_tokens)
+        }
+        Err(error) => failed(error),
     }
 }
 
-/// What a whole 200 body says, read in one pass: the envelope's `error` of a body that
-/// is one (`{"error": {…}, …}`), else the `usage` of a completion.
-#[derive(Default, serde::Deserialize)]
-struct Summary {
-    error: Option<InBodyError>,
-    usage: Option<BodyUsage>,
+/// A relayed body, whole: an error when the node stopped answering mid-body (or the
+/// body is over the limit).
+async fn read_relayed(body: RelayedBody) -> Result<Bytes, ApiError> {
+    let mut body = match body {
+        RelayedBody::Whole(bytes) => return Ok(bytes),
+        streamed @ RelayedBody::Streamed(_) => streamed,
+    };
+    let mut whole = Vec::new();
+    while let Some(piece) = body.next_piece().await {
+        append(&mut whole, &piece.map_err(|_| stopped_answering())?)?;
+    }
+    Ok(whole.into())
 }
 
-#[derive(serde::Deserialize)]
-struct InBodyError {
-    code: String,
-    message: String,
+/// A booting answer's pieces, whole (its keep-alives left out), or the error that came
+/// in their place.
+async fn read_booting(mut booting: Booting) -> Result<Bytes, ApiError> {
+    let mut whole = Vec::new();
+    while let Some(event) = booting.events.recv().await {
+        match event {
+            BootEvent::KeepAlive => {}
+            BootEvent::Piece(piece) => append(&mut whole, &piece)?,
+            BootEvent::Failed(error) => return Err(error),
+            BootEvent::Cut(_) => return Err(stopped_answering()),
+        }
+    }
+    Ok(whole.into())
 }
 
+/// Adds `piece` to a result body, up to [`MAX_RESULT_BYTES`].
+fn append(whole: &mut Vec<u8>, piece: &[u8]) -> Result<(), ApiError> {
+    if whole.len() + piece.len() > MAX_RESULT_BYTES {
+        return Err(stopped_answering());
+    }
+    whole.extend_from_slice(piece);
+    Ok(())
+}
+
+/// The prompt and completion tokens of a completion's `usage`.
 #[derive(Default, serde::Deserialize)]
 struct BodyUsage {
     prompt_tokens: Option<u64>,
     completion_tokens: Option<u64>,
 }
 
-impl Summary {
+impl BodyUsage {
     fn of(body: &[u8]) -> Self {
-        serde_json::from_slice(body).unwrap_or_default()
-    }
-}
-
-impl InBodyError {
-    fn body(self) -> ErrorBody {
-        ErrorBody {
-            // The codes are the gateway's own (`&'static`): find ours by name.
-            code: known_code(&self.code),
-            message: self.message,
-            kind: "server_error",
-            param: None,
+        #[derive(serde::Deserialize)]
+        struct Completion {
+            usage: Option<BodyUsage>,
         }
+        serde_json::from_slice::<Completion>(body)
+            .ok()
+            .and_then(|completion| completion.usage)
+            .unwrap_or_default()
     }
 }
 
-/// The gateway's error code of this name, or `upstream_error`.
-fn known_code(code: &str) -> &'static str {
-    const CODES: [&str; 4] = [
-        "upstream_unavailable",
-        "upstream_deadline",
-        "admission_unavailable",
-        "store_unavailable",
-    ];
-    CODES
-        .into_iter()
-        .find(|c| *c == code)
-        .unwrap_or("upstream_error")
-}
-
-fn failed(error: ApiError) -> Answer {
-    let response = error.into_response();
-    let status = response.status();
-    let error = response
-        .extensions()
-        .get::<ErrorBody>()
-        .cloned()
-        .unwrap_or(ErrorBody {
-            code: "internal_error",
-            message: "internal error".to_owned(),
-            kind: "server_error",
-            param: None,
-        });
-    Answer::Failed {
-        status,
+/// A failure that ends the job: a node may have had the request, or running it again
+/// cannot help.
+fn failed(error: ApiError) -> Answered {
+    Answered::Failed {
         error,
-        retry_after: None,
         not_sent: false,
     }
 }
 
 /// A job started `runs` times without an end: each run was cut short (its server
 /// stopped or died) or refused before it had a node.
-fn abandoned(runs: i64) -> Answer {
+fn abandoned(runs: i64) -> Answered {
     failed(ApiError::UpstreamRejected {
         status: StatusCode::BAD_GATEWAY,
         kind: "upstream_error",
@@ -339,14 +307,14 @@ fn abandoned(runs: i64) -> Answer {
 }
 
 /// The key that submitted the job, if it is still active.
-async fn caller(state: &AppState, key_id: i64) -> Option<Caller> {
+async fn owner(state: &AppState, key_id: i64) -> Option<Arc<KeyRecord>> {
     let mut key = state.keys().by_id(key_id);
     if key.is_none() {
         // Created on another replica a moment ago: the change feed has it.
         let _ = state.keys().pull().await;
         key = state.keys().by_id(key_id);
     }
-    key.filter(|key| key.is_active()).map(Caller)
+    key.filter(|key| key.is_active())
 }
 
 /// Writes how the run ended (fenced by its attempt) and wakes the long-polls. The end
@@ -370,22 +338,21 @@ async fn conclude(state: &AppState, job: &JobRow, stop: Stop, cut: &Cancellation
             }
             return;
         }
-        Stop::Answered(Answer::Failed {
+        Stop::Answered(Answered::Failed {
             error,
             not_sent: true,
-            ..
         }) if job.attempts < i64::from(state.config().jobs.max_attempts) => {
             metrics.job_run("retried");
             let attempt = u32::try_from(job.attempts).unwrap_or(u32::MAX);
             let pause = RETRY.after(attempt);
             let due = now.saturating_add(i64::try_from(pause.as_millis()).unwrap_or(i64::MAX));
-            tracing::info!(job_id = %job.id, attempt, code = error.code, "job never reached a node; retrying later");
+            tracing::info!(job_id = %job.id, attempt, code = error.code(), "job never reached a node; retrying later");
             if let Err(err) = jobs.requeue(&job.id, job.attempts, due, now).await {
                 tracing::warn!(job_id = %job.id, error = %err, "could not queue a job again");
             }
             return;
         }
-        Stop::Cancelled => Outcome {
+        Stop::Cancelled => store::Outcome {
             status: JobStatus::Cancelled,
             result: None,
             result_status: None,
@@ -394,7 +361,7 @@ async fn conclude(state: &AppState, job: &JobRow, stop: Stop, cut: &Cancellation
             completion_tokens: None,
             charge: None,
         },
-        Stop::Answered(Answer::Succeeded(body, prompt_tokens, completion_tokens)) => {
+        Stop::Answered(Answered::Succeeded(body, prompt_tokens, completion_tokens)) => {
             let charge = prompt_tokens
                 .zip(completion_tokens)
                 .map(|(prompt, completion)| UsageRow {
@@ -405,7 +372,7 @@ async fn conclude(state: &AppState, job: &JobRow, stop: Stop, cut: &Cancellation
                     completion_tokens: completion,
                     created_at: now_unix(),
                 });
-            Outcome {
+            store::Outcome {
                 status: JobStatus::Succeeded,
                 result: Some(body.to_vec()),
                 result_status: Some(200),
@@ -415,13 +382,13 @@ async fn conclude(state: &AppState, job: &JobRow, stop: Stop, cut: &Cancellation
                 charge,
             }
         }
-        Stop::Answered(Answer::Failed { status, error, .. }) => {
+        Stop::Answered(Answered::Failed { error, .. }) => {
             let request_id = format!("{}.{}", job.id, job.attempts);
-            Outcome {
+            store::Outcome {
                 status: JobStatus::Failed,
-                result: Some(envelope_json(&error, &request_id)),
-                result_status: Some(status.as_u16()),
-                error_code: Some(error.code.to_owned()),
+                result: Some(error.body().envelope_json(&request_id)),
+                result_status: Some(error.status().as_u16()),
+                error_code: Some(error.code().to_owned()),
                 prompt_tokens: None,
                 completion_tokens: None,
                 charge: None,

@@ -9,7 +9,6 @@ use serde_json::value::RawValue;
 
 use crate::config::JobSettings;
 use crate::error::ErrorBody;
-use crate::http::envelope::envelope_json;
 use crate::store::{JobRow, JobStatus};
 
 /// `object` of a job.
@@ -97,7 +96,7 @@ fn ended_without_answer(row: &JobRow, status: JobStatus) -> Option<Box<RawValue>
         kind: "invalid_request_error",
         param: None,
     };
-    RawValue::from_string(String::from_utf8(envelope_json(&error, &row.id)).ok()?).ok()
+    RawValue::from_string(String::from_utf8(error.envelope_json(&row.id)).ok()?).ok()
 }
 
 fn seconds(ms: i64) -> i64 {

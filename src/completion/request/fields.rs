@@ -6,7 +6,7 @@ use super::raw::{self, IntLiteral, Kind};
 use crate::contract::{LOGPROBS_LIMIT, MAX_TOKENS_LIMIT};
 use crate::error::ApiError;
 
-/// Every field the request body may carry, in the order the README and the OpenAPI
+/// Every field the request body may carry, in the order `docs/api.md` and the OpenAPI
 /// document list them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Field {

@@ -1,5 +1,5 @@
 //! One row per rule of the request contract (the strict validation of every field and
-//! its bounds, as the README and the OpenAPI document state them), accepted and
+//! its bounds, as `docs/api.md` and the OpenAPI document state them), accepted and
 //! rejected side; then the upstream body.
 
 use super::*;

@@ -3,19 +3,18 @@
 
 use std::sync::Arc;
 
-use axum::response::Response;
 use bytes::Bytes;
 use tracing::Instrument;
 
-use super::dispatch::{self, Dispatched, Window};
+use super::dispatch::{self, Dispatched, Unanswered, Window};
+use super::outcome::Relayed;
 use super::settle::Settlement;
 use super::{cut, relay};
-use crate::error::ApiError;
 use crate::fleet::{Affinity, Model, Node};
 use crate::state::AppState;
 
 /// An admitted request, ready to go to a node.
-pub(super) struct Job<'a> {
+pub(super) struct Outgoing<'a> {
     pub(super) state: &'a AppState,
     pub(super) model: &'a Model,
     /// Whether the client asked for a stream's usage frame.
@@ -26,14 +25,13 @@ pub(super) struct Job<'a> {
     pub(super) window: Window,
 }
 
-impl Job<'_> {
-    /// Dispatches to a node and relays its answer; also returns the node that ran (or
-    /// failed) the request, and whether a node may have received it (see
-    /// [`dispatch::Failed::sent`]; true once an answer is relayed).
-    pub(super) async fn run(
-        &self,
-        mut settlement: Settlement,
-    ) -> (Result<Response, ApiError>, Option<Arc<Node>>, bool) {
+/// How an admitted request went: relayed by a node (named), or unanswered.
+pub(super) type Sent = Result<(Relayed, Arc<Node>), Unanswered>;
+
+impl Outgoing<'_> {
+    /// Dispatches to a node and relays its answer; with the node that ran it. A node's
+    /// error answer fails as one that reached the node.
+    pub(super) async fn send(&self, mut settlement: Settlement) -> Sent {
         let dispatched = match dispatch::dispatch(
             self.state,
             self.model,
@@ -47,7 +45,7 @@ impl Job<'_> {
             Ok(dispatched) => dispatched,
             Err(failed) => {
                 settlement.release_unused().await;
-                return (Err(failed.error), failed.upstream, failed.sent);
+                return Err(failed);
             }
         };
         let Dispatched {
@@ -69,6 +67,13 @@ impl Job<'_> {
         )
         .instrument(span)
         .await;
-        (relayed, Some(upstream), true)
+        match relayed {
+            Ok(relayed) => Ok((relayed, upstream)),
+            Err(error) => Err(Unanswered {
+                error,
+                upstream: Some(upstream),
+                sent: true,
+            }),
+        }
     }
 }
