@@ -7,10 +7,9 @@ use std::fmt;
 use std::io;
 
 use bytes::Bytes;
-use http::{HeaderValue, StatusCode};
 use tokio::sync::mpsc;
 
-use super::relay::Metered;
+use super::relay::Relayed;
 use crate::error::ApiError;
 
 /// A completion's outcome.
@@ -92,38 +91,6 @@ pub enum Answer {
     /// The model was asleep: the answer is committed (a 200) before its node has
     /// booted, and follows as events.
     Booting(Booting),
-}
-
-/// A node's success answer on its way to the client: its status and content type kept,
-/// its body metered.
-pub struct Relayed {
-    pub status: StatusCode,
-    pub content_type: Option<HeaderValue>,
-    pub body: RelayedBody,
-}
-
-#[expect(
-    clippy::large_enum_variant,
-    reason = "as for `Answer`: a stream's body is boxed once, by the front door"
-)]
-pub enum RelayedBody {
-    /// A small JSON answer, read whole and settled.
-    Whole(Bytes),
-    /// A stream (or a large or unsized body), metered as it is relayed and settled when
-    /// it ends.
-    Streamed(Metered),
-}
-
-impl RelayedBody {
-    /// The next piece for the client; `None` at the end. An error means the answer was
-    /// cut short (the node stopped answering, or fleetgate is shutting down).
-    pub async fn next_piece(&mut self) -> Option<io::Result<Bytes>> {
-        match self {
-            Self::Whole(bytes) if bytes.is_empty() => None,
-            Self::Whole(bytes) => Some(Ok(std::mem::take(bytes))),
-            Self::Streamed(metered) => std::future::poll_fn(|cx| metered.poll_piece(cx)).await,
-        }
-    }
 }
 
 /// An answer committed while its model boots.

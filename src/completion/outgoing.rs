@@ -7,7 +7,7 @@ use bytes::Bytes;
 use tracing::Instrument;
 
 use super::dispatch::{self, Dispatched, Unanswered, Window};
-use super::outcome::Relayed;
+use super::relay::Relayed;
 use super::settle::Settlement;
 use super::{cut, relay};
 use crate::fleet::{Affinity, Model, Node};

@@ -17,11 +17,11 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
+use http::{HeaderValue, StatusCode};
 
 use super::cut::Cut;
 use super::dispatch::stopped_answering;
 use super::meter::Meter;
-use super::outcome::{Relayed, RelayedBody};
 use super::settle::{Settlement, Settling};
 use super::watch::Watch;
 use crate::error::ApiError;
@@ -37,6 +37,38 @@ const GATHER_MAX: usize = 16 * 1024;
 /// Room for a gather: up to [`GATHER_MAX`] and the piece that crosses it (an SSE frame,
 /// a few hundred bytes, or a few KiB with logprobs).
 const GATHER_ROOM: usize = GATHER_MAX + 4 * 1024;
+/// A node's success answer on its way to the client: its status and content type kept,
+/// its body metered.
+pub struct Relayed {
+    pub status: StatusCode,
+    pub content_type: Option<HeaderValue>,
+    pub body: RelayedBody,
+}
+
+#[expect(
+    clippy::large_enum_variant,
+    reason = "as for `Answer`: a stream's body is boxed once, by the front door"
+)]
+pub enum RelayedBody {
+    /// A small JSON answer, read whole and settled.
+    Whole(Bytes),
+    /// A stream (or a large or unsized body), metered as it is relayed and settled when
+    /// it ends.
+    Streamed(Metered),
+}
+
+impl RelayedBody {
+    /// The next piece for the client; `None` at the end. An error means the answer was
+    /// cut short (the node stopped answering, or fleetgate is shutting down).
+    pub async fn next_piece(&mut self) -> Option<io::Result<Bytes>> {
+        match self {
+            Self::Whole(bytes) if bytes.is_empty() => None,
+            Self::Whole(bytes) => Some(Ok(std::mem::take(bytes))),
+            Self::Streamed(metered) => std::future::poll_fn(|cx| metered.poll_piece(cx)).await,
+        }
+    }
+}
+
 /// `forward_usage`: whether the client asked for a stream's usage-only frame.
 /// `timing`: the upstream's series, for its outcome, time to the first byte and duration.
 /// `span`: the relay's trace span, which a streamed body holds until it ends.

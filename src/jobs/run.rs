@@ -29,10 +29,9 @@ use crate::admission::Month;
 use crate::backoff::Backoff;
 use crate::completion::budget_refusal::OnBudgetClamp;
 use crate::completion::dispatch::stopped_answering;
-use crate::completion::outcome::{
-    Answer, BootEvent, Booting, Completed, Failed, Outcome, RelayedBody,
-};
+use crate::completion::outcome::{Answer, BootEvent, Booting, Completed, Failed, Outcome};
 use crate::completion::pipeline::{self, Checked, Mode};
+use crate::completion::relay::RelayedBody;
 use crate::contract::Workload;
 use crate::error::ApiError;
 use crate::request_record::RequestRecord;

@@ -21,10 +21,8 @@ use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Frame;
 
-use crate::completion::outcome::{
-    Answer, BootEvent, Booting, Completed, Failed, Outcome, Relayed, RelayedBody, Tags,
-};
-use crate::completion::relay::Metered;
+use crate::completion::outcome::{Answer, BootEvent, Booting, Completed, Failed, Outcome, Tags};
+use crate::completion::relay::{Metered, Relayed, RelayedBody};
 use crate::contract::{X_ACS_MAX_TOKENS_CLAMPED, X_ACS_UPSTREAM_GPU, X_ACS_UPSTREAM_MODEL};
 use crate::error::ApiError;
 
