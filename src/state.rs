@@ -142,10 +142,11 @@ impl AppState {
     }
     /// The health probes and the keep-warm loop over this state's fleet.
     pub fn prober(&self) -> Prober {
+        let metrics = self.0.metrics.clone();
         Prober::new(
             Arc::clone(&self.0.fleet),
             self.0.upstream.clone(),
-            self.0.metrics.clone(),
+            Arc::new(move |model: &str, gpu: &str| metrics.upstream(model, gpu).ejected()),
             &self.0.config.fleet,
         )
     }
