@@ -11,6 +11,7 @@ pub mod contract;
 pub mod error;
 pub mod fleet;
 pub mod http;
+pub mod job_hub;
 pub mod jobs;
 pub mod keys;
 pub mod ledger;

@@ -13,7 +13,7 @@ use crate::admission::renewals::Renewals;
 use crate::config::Config;
 use crate::fleet::Fleet;
 use crate::fleet::prober::Prober;
-use crate::jobs::JobHub;
+use crate::job_hub::JobHub;
 use crate::keys::KeyTable;
 use crate::ledger::Ledger;
 use crate::metrics::Metrics;
