@@ -13,6 +13,8 @@ pub mod fleet;
 pub mod http;
 pub mod job_hub;
 pub mod jobs;
+pub mod key_limits;
+pub mod key_secret;
 pub mod keys;
 pub mod ledger;
 mod log_fields;

@@ -8,7 +8,7 @@ use super::records::{
     SpendQuery, SpendRow, StoreError, UsageRow,
 };
 use super::workbench::WorkbenchStore;
-use crate::keys::NewKey;
+use crate::key_secret::NewKey;
 
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + 'static {

@@ -19,7 +19,7 @@ use super::records::{
     KeyChange, KeyRecord, KeySignals, LimitOverrides, LimitUpdate, RequestLogRow, RequestQuery,
     SpendQuery, SpendRow, StoreError, UsageRow,
 };
-use crate::keys::NewKey;
+use crate::key_secret::NewKey;
 
 static MIGRATOR: Migrator = sqlx::migrate!("migrations/postgres");
 

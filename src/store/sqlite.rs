@@ -17,7 +17,7 @@ use super::records::{
     SpendRow, StoreError, UsageRow,
 };
 use crate::backoff::Backoff;
-use crate::keys::NewKey;
+use crate::key_secret::NewKey;
 
 static MIGRATOR: Migrator = sqlx::migrate!("migrations/sqlite");
 
