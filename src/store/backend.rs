@@ -2,7 +2,7 @@
 //! ledger, the request log, and the way to their completion jobs and to the Workbench's
 //! and Loom's saved work.
 
-use super::JobStore;
+use super::jobs::JobStore;
 use super::records::{
     KeyChange, KeyRecord, KeySignals, LimitOverrides, LimitUpdate, RequestLogRow, RequestQuery,
     SpendQuery, SpendRow, StoreError, UsageRow,
