@@ -1,16 +1,25 @@
 #!/usr/bin/env python3
-"""Fails when the modules of a Rust crate import each other in a circle.
+"""Fails when the modules of a Rust crate import each other in a circle, file by file or
+top-level module by top-level module.
 
 Usage: module-cycles.py ROOT_FILE [ROOT_FILE ...]   (e.g. src/lib.rs)
 
 A file is a module (`a/b.rs` or `a/b/mod.rs` is `crate::a::b`). File A depends on file B
 when A names an item that B defines: through `use crate::…`, `super::…`, `self::…`, a
-child module's name, a name it imported, or a path written inline. A path is followed through `pub use` re-exports to the file that
-defines the item, so `crate::fleet::Node` counts as a dependency on the file that
-declares `Node`, not on `fleet/mod.rs`. Declaring a child module (`mod x;`) is not a
-dependency. Comments and string literals are ignored. The dependency graph must have no
-cycle (no strongly connected component of more than one file); each cycle found is
-printed with one edge per line and where it comes from.
+child module's name, a name it imported, or a path written inline. A path is followed
+through `pub use` re-exports to the file that defines the item, and depends on that file
+and on every file whose re-export it passes through: `crate::fleet::Node` depends on the
+file that declares `Node` and on `fleet/mod.rs`, which must be read to resolve the name.
+Declaring a child module (`mod x;`) is not a dependency. Comments and string literals are
+ignored.
+
+Two graphs must have no cycle (no strongly connected component of more than one node):
+the files' dependencies, and the same dependencies between rooms, each file collapsed to
+its top-level module (`crate::fleet::prober` is in `fleet`, `crate::metrics` in
+`metrics`, the crate root file alone in `crate`), so that no module imports from one that
+depends on it ("no arrow up"). Each cycle found is printed with the file-level edges that
+make it, one per line with where it comes from; among rooms, an import's edge to a file
+that re-exports the item is left out when its edge to the defining file is in that room.
 """
 
 import os
@@ -163,10 +172,11 @@ class Crate:
         return depth
 
     def resolve(self, file, path, seen=None, position=None):
-        """The file defining what `path` (written in `file`) names, or None if outside."""
+        """The files `path` (written in `file`) depends on: the one defining what it names,
+        then each whose `pub use` re-export it passes through; [] if outside the crate."""
         seen = seen or set()
         if (file, path) in seen:
-            return None
+            return []
         seen.add((file, path))
         parts = [p for p in re.split(r"\s*::\s*", path) if p]
         module = list(self.module_of(file))
@@ -184,19 +194,14 @@ class Crate:
                         module.pop()
                 parts = parts[1:]
         else:
-            return None
+            return []
         while parts and tuple(module + [parts[0]]) in self.files:
             module.append(parts.pop(0))
         target = self.files[tuple(module)]
-        if not parts:
-            return target
-        name = parts[0]
-        if name in self.items[target] and name not in self.reexports[target]:
-            return target
-        if name in self.reexports[target]:
-            found = self.resolve(target, self.reexports[target][name], seen)
-            return found or target
-        return target
+        if parts and parts[0] in self.reexports[target]:
+            found = self.resolve(target, self.reexports[target][parts[0]], seen)
+            return found + [target] if found else [target]
+        return [target]
 
     def edges(self):
         graph = {f: {} for f in self.files.values()}
@@ -220,10 +225,17 @@ class Crate:
                     if head not in local or local[head] == path:
                         continue
                     path = local[head] + path[len(head):]
-                target = self.resolve(file, path, position=position)
-                if target and target != file:
-                    graph[file].setdefault(target, (line, re.sub(r"\s+", "", path)))
+                found = self.resolve(file, path, position=position)
+                for i, target in enumerate(found):
+                    if target != file:
+                        graph[file].setdefault(target, (line, re.sub(r"\s+", "", path), i > 0))
         return graph
+
+    def room(self, file):
+        """The top-level module `file` belongs to (`crate::fleet::prober` -> `fleet`); the
+        crate root file is a room of its own, `crate`."""
+        module = self.module_of(file)
+        return module[0] if module else "crate"
 
 
 def cycles(graph):
@@ -259,24 +271,46 @@ def cycles(graph):
     return out
 
 
+def report(root, kind, graph, room=None):
+    """Prints the cycles of `graph` among `kind` (its files, or their rooms when `room`
+    maps a file to one) with the file-level edges that make each; True if there is one.
+    Among rooms, an import's edge to a file that re-exports the item is left out when
+    its edge to the defining file is in the same room."""
+    group = room or (lambda f: f)
+    collapsed = {}
+    for f, targets in graph.items():
+        collapsed.setdefault(group(f), set()).update(map(group, targets))
+        collapsed[group(f)].discard(group(f))
+    found = cycles(collapsed)
+    if not found:
+        edges = sum(len(v) for v in collapsed.values())
+        print(f"{root}: {len(collapsed)} {kind}, {edges} dependencies, no cycle")
+        return False
+    for component in found:
+        names = f" ({', '.join(component)})" if room else ""
+        print(f"{root}: a cycle of {len(component)} {kind}{names}:")
+        members = set(component)
+        for f in sorted(graph):
+            if group(f) not in members:
+                continue
+            defined = {(group(g), line, path) for g, (line, path, via) in graph[f].items()
+                       if not via}
+            for g, (line, path, via) in sorted(graph[f].items()):
+                if group(g) == group(f) or group(g) not in members:
+                    continue
+                if via and room and (group(g), line, path) in defined:
+                    continue
+                print(f"  {f}:{line} -> {g}  ({path}{', re-exported there' if via else ''})")
+    return True
+
+
 def main():
     failed = False
     for root in sys.argv[1:]:
         crate = Crate(root)
         graph = crate.edges()
-        found = cycles(graph)
-        edges = sum(len(v) for v in graph.values())
-        if not found:
-            print(f"{root}: {len(graph)} modules, {edges} dependencies, no cycle")
-            continue
-        failed = True
-        for component in found:
-            print(f"{root}: a cycle of {len(component)} modules:")
-            members = set(component)
-            for f in component:
-                for g, (line, path) in sorted(graph[f].items()):
-                    if g in members:
-                        print(f"  {f}:{line} -> {g}  ({path})")
+        failed |= report(root, "modules", graph)
+        failed |= report(root, "top-level modules", graph, crate.room)
     sys.exit(1 if failed else 0)
 
 

@@ -92,7 +92,7 @@ async fn gateway(
     ))
     .expect("config");
     let state = server::prepare(config).await.expect("state");
-    let key = fleetgate::keys::generate();
+    let key = fleetgate::key_secret::generate();
     let generous = LimitOverrides {
         monthly_budget: Some(1 << 50),
         requests_per_minute: Some(i32::MAX as u32),

@@ -19,7 +19,8 @@ use utoipa_axum::routes;
 use crate::error::ApiError;
 use crate::http::auth::bearer_token;
 use crate::http::body::json_body as body;
-use crate::keys::{KeyError, KeyService, LimitInput, LimitsChange, NewLimits};
+use crate::key_limits::LimitInput;
+use crate::keys::{KeyError, KeyService, LimitsChange, NewLimits};
 use crate::reload::Reloaded;
 use crate::state::AppState;
 use crate::store::{KeyRecord, StoreError};
@@ -95,7 +96,7 @@ pub struct CreatedKey {
     secret: String,
 }
 
-// The limit fields' documented bounds are the key service's (`keys::Limit`); a unit test
+// The limit fields' documented bounds are the key service's (`key_limits::Limit`); a unit test
 // below holds them to it.
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -353,7 +354,7 @@ mod tests {
     use utoipa::PartialSchema as _;
 
     use super::*;
-    use crate::keys::Limit;
+    use crate::key_limits::Limit;
 
     /// The bounds the OpenAPI document publishes for the limit fields are the key
     /// service's, for both bodies that take limits.

@@ -13,7 +13,7 @@ use crate::admission::renewals::Renewals;
 use crate::config::Config;
 use crate::fleet::Fleet;
 use crate::fleet::prober::Prober;
-use crate::jobs::JobHub;
+use crate::job_hub::JobHub;
 use crate::keys::KeyTable;
 use crate::ledger::Ledger;
 use crate::metrics::Metrics;
@@ -142,10 +142,11 @@ impl AppState {
     }
     /// The health probes and the keep-warm loop over this state's fleet.
     pub fn prober(&self) -> Prober {
+        let metrics = self.0.metrics.clone();
         Prober::new(
             Arc::clone(&self.0.fleet),
             self.0.upstream.clone(),
-            self.0.metrics.clone(),
+            Arc::new(move |model: &str, gpu: &str| metrics.upstream(model, gpu).ejected()),
             &self.0.config.fleet,
         )
     }

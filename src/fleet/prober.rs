@@ -15,16 +15,18 @@ use tokio::time::MissedTickBehavior;
 
 use super::{Fleet, Model, Node};
 use crate::config::FleetSettings;
-use crate::metrics::Metrics;
 use crate::upstream::UpstreamClient;
 
-/// What probing needs: the fleet, the client that asks the nodes, the metrics that count
+/// Told of each node a probe ejects, by model id and GPU label (the metrics count them).
+pub type OnEjected = Arc<dyn Fn(&str, &str) + Send + Sync>;
+
+/// What probing needs: the fleet, the client that asks the nodes, who is told of
 /// ejections, and the beat. Cheap to clone; each loop owns one.
 #[derive(Clone)]
 pub struct Prober {
     fleet: Arc<Fleet>,
     client: UpstreamClient,
-    metrics: Metrics,
+    on_ejected: OnEjected,
     interval: Duration,
     timeout: Duration,
 }
@@ -33,13 +35,13 @@ impl Prober {
     pub fn new(
         fleet: Arc<Fleet>,
         client: UpstreamClient,
-        metrics: Metrics,
+        on_ejected: OnEjected,
         settings: &FleetSettings,
     ) -> Self {
         Self {
             fleet,
             client,
-            metrics,
+            on_ejected,
             interval: Duration::from_millis(settings.probe_interval_ms),
             timeout: Duration::from_millis(settings.probe_timeout_ms),
         }
@@ -162,7 +164,7 @@ impl Prober {
         };
         if upstream.health.probe_failed() {
             tracing::warn!(model = %model.id, gpu = %upstream.gpu, reason = %failure, "node failed its probe; ejected");
-            self.metrics.upstream(&model.id, &upstream.gpu).ejected();
+            (self.on_ejected)(&model.id, &upstream.gpu);
         } else {
             tracing::debug!(model = %model.id, gpu = %upstream.gpu, reason = %failure, "ejected node still failing");
         }

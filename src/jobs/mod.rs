@@ -8,16 +8,16 @@
 //! - `harvest`: the key's own jobs: get (long-poll), list, cancel;
 //! - `worker` / `run`: claiming and running;
 //! - `upkeep`: retention, job counts, waking long-polls across replicas;
-//! - `hub`: what this replica's handlers and workers share;
 //! - `view`: the job object.
+//!
+//! What this replica's handlers and workers share (long-polls, the runs here) is
+//! `crate::job_hub`'s, held by the app state.
 
 pub mod harvest;
-pub mod hub;
 mod run;
 pub mod submit;
 pub mod upkeep;
 pub mod view;
 pub mod worker;
 
-pub use hub::JobHub;
 pub use worker::Workers;

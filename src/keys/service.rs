@@ -5,10 +5,9 @@
 
 use crate::admission::{KeyLimits, Month};
 use crate::config::LimitDefaults;
+use crate::key_limits::{InvalidLimit, Limit, LimitInput};
+use crate::key_secret::{Secret, generate};
 use crate::store::{KeyRecord, LimitOverrides, LimitUpdate, Store, StoreError};
-
-use super::limits::{InvalidLimit, Limit, LimitInput};
-use super::secret::{Secret, generate};
 
 /// How many fresh keys `create` tries when a generated prefix is already taken (a
 /// 54-bit collision: in practice never twice).

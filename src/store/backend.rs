@@ -2,13 +2,13 @@
 //! ledger, the request log, and the way to their completion jobs and to the Workbench's
 //! and Loom's saved work.
 
-use super::JobStore;
+use super::jobs::JobStore;
 use super::records::{
     KeyChange, KeyRecord, KeySignals, LimitOverrides, LimitUpdate, RequestLogRow, RequestQuery,
     SpendQuery, SpendRow, StoreError, UsageRow,
 };
 use super::workbench::WorkbenchStore;
-use crate::keys::NewKey;
+use crate::key_secret::NewKey;
 
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + 'static {

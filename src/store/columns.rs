@@ -5,7 +5,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::records::{KeyRecord, LimitOverrides, LimitUpdate, RequestLogRow, StoreError, UsageRow};
-use crate::keys::Limit;
+use crate::key_limits::Limit;
 
 /// How `key`, `revoke_key` and `set_limits` read `id_or_prefix`: all ASCII digits is an id (prefixes start with
 /// `fg-`, so the two never overlap); `Id(None)` is an id too large to exist. Anything else

@@ -2,7 +2,7 @@
 //! trait both backends implement. What a job is and how it runs is `crate::jobs`; this is
 //! only how it is kept.
 
-use super::StoreError;
+use super::records::{StoreError, UsageRow};
 
 /// Where a job is in its life. `queued → running → succeeded | failed`; `queued →
 /// expired | cancelled`; `running → cancelled`. A running job whose lease lapses is
@@ -128,7 +128,7 @@ pub struct Outcome {
     /// job, and a job that ended is charged even if the process dies before its
     /// write-behind ledger row is committed (that row, under the same id, then changes
     /// nothing).
-    pub charge: Option<super::UsageRow>,
+    pub charge: Option<UsageRow>,
 }
 
 /// The page of jobs [`JobStore::list`] returns: newest first.

@@ -14,12 +14,12 @@ use super::columns::{
 };
 use futures_util::StreamExt as _;
 
-use super::Store;
+use super::backend::Store;
 use super::records::{
     KeyChange, KeyRecord, KeySignals, LimitOverrides, LimitUpdate, RequestLogRow, RequestQuery,
     SpendQuery, SpendRow, StoreError, UsageRow,
 };
-use crate::keys::NewKey;
+use crate::key_secret::NewKey;
 
 static MIGRATOR: Migrator = sqlx::migrate!("migrations/postgres");
 
@@ -231,7 +231,7 @@ impl_job_store!(
     sqlx::Postgres,
     " FOR UPDATE SKIP LOCKED",
     "SELECT pg_notify('fleetgate_jobs', $1)" {
-        async fn job_end_signals(&self) -> Option<super::JobEnds> {
+        async fn job_end_signals(&self) -> Option<super::jobs::JobEnds> {
             let mut listener = self.own_listener().await?;
             listener.listen(JOB_END_CHANNEL).await.ok()?;
             let ends = listener

@@ -36,7 +36,7 @@ pub type KeySignals = std::pin::Pin<Box<dyn futures_util::Stream<Item = ()> + Se
 
 /// A key's own limits; `None` means the configured default applies.
 ///
-/// Stored values are bounded as [`crate::keys::Limit`] says: `requests_per_minute` and
+/// Stored values are bounded as [`crate::key_limits::Limit`] says: `requests_per_minute` and
 /// `max_concurrent` at least 1, all three `u32` limits at most `i32::MAX` and the budget at
 /// most `i64::MAX` (PostgreSQL's `INTEGER`/`BIGINT`); the store refuses others with
 /// [`StoreError::Invalid`].

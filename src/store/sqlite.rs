@@ -7,7 +7,7 @@ use sqlx::SqlitePool;
 use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
-use super::Store;
+use super::backend::Store;
 use super::columns::{
     KeySelector, LimitColumns, LogColumns, UpdateColumns, UsageColumns, convert, insert_error,
     now_unix, text_column,
@@ -17,7 +17,7 @@ use super::records::{
     SpendRow, StoreError, UsageRow,
 };
 use crate::backoff::Backoff;
-use crate::keys::NewKey;
+use crate::key_secret::NewKey;
 
 static MIGRATOR: Migrator = sqlx::migrate!("migrations/sqlite");
 

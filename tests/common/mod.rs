@@ -144,7 +144,7 @@ impl Gateway {
 
     /// A new key with its own limits: (id, secret).
     pub async fn create_key(&self, limits: LimitOverrides) -> (i64, String) {
-        let key = fleetgate::keys::generate();
+        let key = fleetgate::key_secret::generate();
         let record = self
             .state
             .store()
@@ -260,7 +260,7 @@ async fn state(config: Config) -> (AppState, Arc<LocalLimiter>, String) {
         .await
         .unwrap();
     let state = AppState::new(config, store, keys, writer, limiter.clone()).unwrap();
-    let key = fleetgate::keys::generate();
+    let key = fleetgate::key_secret::generate();
     state
         .store()
         .create_key("test", None, &key, &LimitOverrides::default())

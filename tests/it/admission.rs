@@ -404,7 +404,7 @@ async fn with_limits_off_nothing_is_clamped_or_refused_but_usage_is_still_metere
     ))
     .unwrap();
     let state = fleetgate::server::prepare(config).await.unwrap();
-    let key = fleetgate::keys::generate();
+    let key = fleetgate::key_secret::generate();
     state
         .store()
         .create_key("k", None, &key, &LimitOverrides::default())

@@ -200,7 +200,7 @@ async fn an_unreachable_redis_makes_the_replica_unready_but_live() {
     );
     let config = fleetgate::config::Config::from_toml(&toml).unwrap();
     let state = fleetgate::server::prepare(config).await.unwrap();
-    let key = fleetgate::keys::generate();
+    let key = fleetgate::key_secret::generate();
     state
         .store()
         .create_key(

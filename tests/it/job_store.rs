@@ -78,7 +78,7 @@ job_store_tests![
 
 /// A key of the store's own: the ledger's rows name one.
 async fn new_key(store: &dyn Store) -> i64 {
-    let key = fleetgate::keys::generate();
+    let key = fleetgate::key_secret::generate();
     store
         .create_key("k", None, &key, &LimitOverrides::default())
         .await

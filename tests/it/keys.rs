@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use fleetgate::key_secret;
 use fleetgate::keys::{self, FOLLOW_EVERY, KeyTable};
 use fleetgate::store::{LimitOverrides, LimitUpdate, Store, StoreError};
 
@@ -32,13 +33,13 @@ fn reads(store: &WatchedStore) -> u32 {
 
 /// A random well-formed prefix that matches no key.
 fn unknown_prefix() -> String {
-    keys::generate().prefix
+    key_secret::generate().prefix
 }
 
 #[tokio::test]
 async fn known_keys_are_answered_from_memory_even_with_the_store_down() {
     let (_db, store) = watched().await;
-    let key = keys::generate();
+    let key = key_secret::generate();
     let record = store
         .create_key("k", None, &key, &LimitOverrides::default())
         .await
@@ -150,7 +151,7 @@ async fn a_key_created_or_changed_elsewhere_is_seen() {
     let table = followed(&store).await;
     // Created after the table was loaded: found on first use, by the pull that follows
     // the miss.
-    let key = keys::generate();
+    let key = key_secret::generate();
     let record = store
         .create_key("late", None, &key, &LimitOverrides::default())
         .await

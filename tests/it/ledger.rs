@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use fleetgate::backoff::Backoff;
-use fleetgate::keys;
+use fleetgate::key_secret;
 use fleetgate::ledger::{Ledger, LedgerConfig};
 use fleetgate::store::{LimitOverrides, Store, UsageRow};
 
@@ -19,7 +19,12 @@ async fn setup() -> (TestDb, Arc<WatchedStore>, i64) {
     let db = TestDb::sqlite();
     let (store, _appends) = WatchedStore::new(db.store().await, 0);
     let key = store
-        .create_key("k", None, &keys::generate(), &LimitOverrides::default())
+        .create_key(
+            "k",
+            None,
+            &key_secret::generate(),
+            &LimitOverrides::default(),
+        )
         .await
         .unwrap();
     (db, store, key.id)

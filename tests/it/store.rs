@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::common::postgres::{FreshDatabase, with_database};
-use fleetgate::keys::{self, NewKey};
+use fleetgate::key_secret::{self, NewKey};
+use fleetgate::keys;
 use fleetgate::request_log::{RequestLog, RequestLogConfig, RequestLogStats};
 use fleetgate::store::{
     self, KeyChange, KeyRecord, LimitOverrides, LimitUpdate, RequestLogRow, RequestQuery,
@@ -161,7 +162,7 @@ fn assert_recent(t: i64) {
 // ---------------------------------------------------------------------------------------
 
 async fn create_lookup_verify(store: Arc<dyn Store>) {
-    let key = keys::generate();
+    let key = key_secret::generate();
     let created = store
         .create_key("alice", Some("alice@example.com"), &key, DEFAULTS)
         .await
@@ -176,7 +177,7 @@ async fn create_lookup_verify(store: Arc<dyn Store>) {
     assert!(created.is_active());
 
     // A key without an email.
-    let other = keys::generate();
+    let other = key_secret::generate();
     let bob = store
         .create_key("bob", None, &other, DEFAULTS)
         .await
@@ -199,14 +200,20 @@ async fn create_lookup_verify(store: Arc<dyn Store>) {
         assert!(!keys::verify(&found.hash, &hash));
     }
 
-    assert!(store.key(&keys::generate().prefix).await.unwrap().is_none());
+    assert!(
+        store
+            .key(&key_secret::generate().prefix)
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert!(store.key("").await.unwrap().is_none());
 }
 
 async fn generated_keys_are_unique_and_well_formed(store: Arc<dyn Store>) {
     let mut secrets = std::collections::HashSet::new();
     for i in 0..50 {
-        let key = keys::generate();
+        let key = key_secret::generate();
         let secret = key.secret.expose();
         assert_eq!(secret.len(), 46, "{key:?}");
         assert!(secret.starts_with("fg-"));
@@ -216,7 +223,7 @@ async fn generated_keys_are_unique_and_well_formed(store: Arc<dyn Store>) {
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         );
         assert_eq!(key.prefix, &secret[..12]);
-        assert_eq!(key.hash, keys::hash_secret(secret));
+        assert_eq!(key.hash, key_secret::hash_secret(secret));
         assert!(!format!("{key:?}").contains(secret));
         assert!(secrets.insert(secret.to_owned()));
         store
@@ -228,7 +235,7 @@ async fn generated_keys_are_unique_and_well_formed(store: Arc<dyn Store>) {
     let prefixes: std::collections::HashSet<_> = listed.iter().map(|k| &k.prefix).collect();
     assert_eq!(prefixes.len(), 50);
 
-    let good = keys::generate().secret.expose().to_owned();
+    let good = key_secret::generate().secret.expose().to_owned();
     for junk in [
         "",
         "fg-",
@@ -248,7 +255,7 @@ async fn list_keys(store: Arc<dyn Store>) {
     assert!(store.list_keys().await.unwrap().is_empty());
     let mut created = Vec::new();
     for name in ["first", "second", "third"] {
-        let key = keys::generate();
+        let key = key_secret::generate();
         created.push(store.create_key(name, None, &key, DEFAULTS).await.unwrap());
     }
     let revoked = store.revoke_key(&created[1].prefix).await.unwrap().unwrap();
@@ -264,8 +271,8 @@ async fn list_keys(store: Arc<dyn Store>) {
 }
 
 async fn revoke_by_id(store: Arc<dyn Store>) {
-    let key = keys::generate();
-    let other = keys::generate();
+    let key = key_secret::generate();
+    let other = key_secret::generate();
     let record = store
         .create_key("victim", None, &key, DEFAULTS)
         .await
@@ -303,7 +310,7 @@ async fn revoke_by_id(store: Arc<dyn Store>) {
 }
 
 async fn revoke_by_prefix(store: Arc<dyn Store>) {
-    let key = keys::generate();
+    let key = key_secret::generate();
     let record = store
         .create_key("victim", None, &key, DEFAULTS)
         .await
@@ -316,7 +323,7 @@ async fn revoke_by_prefix(store: Arc<dyn Store>) {
 }
 
 async fn revoke_twice_keeps_first_time(store: Arc<dyn Store>) {
-    let key = keys::generate();
+    let key = key_secret::generate();
     let record = store.create_key("k", None, &key, DEFAULTS).await.unwrap();
     let first = store.revoke_key(&key.prefix).await.unwrap().unwrap();
     // Let the clock pass a whole second, so a second stamp would differ.
@@ -332,14 +339,14 @@ async fn revoke_twice_keeps_first_time(store: Arc<dyn Store>) {
 }
 
 async fn revoke_unknown_is_none(store: Arc<dyn Store>) {
-    let key = keys::generate();
+    let key = key_secret::generate();
     let record = store.create_key("k", None, &key, DEFAULTS).await.unwrap();
     for unknown in [
         (record.id + 1).to_string(),
         "0".to_owned(),
         "-1".to_owned(),
         "99999999999999999999999999".to_owned(),
-        keys::generate().prefix,
+        key_secret::generate().prefix,
         String::new(),
         "not a key".to_owned(),
     ] {
@@ -353,14 +360,14 @@ async fn revoke_unknown_is_none(store: Arc<dyn Store>) {
 }
 
 async fn duplicate_prefix_is_refused(store: Arc<dyn Store>) {
-    let key = keys::generate();
+    let key = key_secret::generate();
     let record = store
         .create_key("original", None, &key, DEFAULTS)
         .await
         .unwrap();
 
     // Another key that happens to share the prefix.
-    let mut clash: NewKey = keys::generate();
+    let mut clash: NewKey = key_secret::generate();
     clash.prefix = key.prefix.clone();
     match store.create_key("clash", None, &clash, DEFAULTS).await {
         Err(StoreError::Duplicate(prefix)) => assert_eq!(prefix, key.prefix),
@@ -372,7 +379,7 @@ async fn duplicate_prefix_is_refused(store: Arc<dyn Store>) {
     assert_eq!(listed, [record]);
     // The store still works after the failed insert.
     store
-        .create_key("next", None, &keys::generate(), DEFAULTS)
+        .create_key("next", None, &key_secret::generate(), DEFAULTS)
         .await
         .unwrap();
 }
@@ -384,11 +391,11 @@ async fn key_feed_numbers_every_change_in_order(store: Arc<dyn Store>) {
     let records = |feed: &[KeyChange]| feed.iter().map(|c| c.record.clone()).collect::<Vec<_>>();
     assert!(store.keys_changed_since(0).await.unwrap().is_empty());
     let a = store
-        .create_key("a", None, &keys::generate(), DEFAULTS)
+        .create_key("a", None, &key_secret::generate(), DEFAULTS)
         .await
         .unwrap();
     let b = store
-        .create_key("b", None, &keys::generate(), DEFAULTS)
+        .create_key("b", None, &key_secret::generate(), DEFAULTS)
         .await
         .unwrap();
     let feed = store.keys_changed_since(0).await.unwrap();
@@ -428,7 +435,7 @@ async fn ping(store: Arc<dyn Store>) {
 
 async fn migrations_are_idempotent(url: &str) {
     let first = store::connect(url).await.unwrap();
-    let key = keys::generate();
+    let key = key_secret::generate();
     let record = first
         .create_key("kept", None, &key, DEFAULTS)
         .await
@@ -455,7 +462,7 @@ async fn concurrent_first_connects(url: &str) {
         store::connect(url)
     );
     let (a, b, c) = (a.unwrap(), b.unwrap(), c.unwrap());
-    let key = keys::generate();
+    let key = key_secret::generate();
     a.create_key("k", None, &key, DEFAULTS).await.unwrap();
     assert!(b.key(&key.prefix).await.unwrap().is_some());
     assert_eq!(c.list_keys().await.unwrap().len(), 1);
@@ -463,7 +470,7 @@ async fn concurrent_first_connects(url: &str) {
 
 async fn existing_keys_get_default_limits(url: &str) {
     // A database as migration 0001 left it, with a key, then opened by this version.
-    let key = keys::generate();
+    let key = key_secret::generate();
     if url.starts_with("sqlite:") {
         let path = sqlite_path(url);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -510,7 +517,7 @@ async fn existing_keys_get_default_limits(url: &str) {
     assert_eq!(feed.len(), 1);
     assert_eq!(feed[0].record, record);
     let newer = store
-        .create_key("new", None, &keys::generate(), DEFAULTS)
+        .create_key("new", None, &key_secret::generate(), DEFAULTS)
         .await
         .unwrap();
     let after = store.keys_changed_since(feed[0].seq).await.unwrap();
@@ -539,12 +546,12 @@ const ALL_OWN: LimitOverrides = LimitOverrides {
 
 async fn create_with_limits(store: Arc<dyn Store>) {
     let plain = store
-        .create_key("plain", None, &keys::generate(), DEFAULTS)
+        .create_key("plain", None, &key_secret::generate(), DEFAULTS)
         .await
         .unwrap();
     assert_eq!(plain.limits, LimitOverrides::default());
 
-    let key = keys::generate();
+    let key = key_secret::generate();
     let own = store.create_key("own", None, &key, &ALL_OWN).await.unwrap();
     assert_eq!(own.limits, ALL_OWN);
     assert_eq!(store.key(&key.prefix).await.unwrap().unwrap(), own);
@@ -557,7 +564,7 @@ async fn create_with_limits(store: Arc<dyn Store>) {
         max_queued: Some(i32::MAX as u32),
     };
     let big = store
-        .create_key("big", None, &keys::generate(), &extremes)
+        .create_key("big", None, &key_secret::generate(), &extremes)
         .await
         .unwrap();
     assert_eq!(big.limits, extremes);
@@ -568,7 +575,7 @@ async fn create_with_limits(store: Arc<dyn Store>) {
         max_queued: Some(0),
     };
     let small = store
-        .create_key("small", None, &keys::generate(), &zero)
+        .create_key("small", None, &key_secret::generate(), &zero)
         .await
         .unwrap();
     assert_eq!(small.limits, zero);
@@ -577,10 +584,10 @@ async fn create_with_limits(store: Arc<dyn Store>) {
 }
 
 async fn set_and_clear_limits(store: Arc<dyn Store>) {
-    let key = keys::generate();
+    let key = key_secret::generate();
     let record = store.create_key("k", None, &key, DEFAULTS).await.unwrap();
     let bystander = store
-        .create_key("other", None, &keys::generate(), &ALL_OWN)
+        .create_key("other", None, &key_secret::generate(), &ALL_OWN)
         .await
         .unwrap();
 
@@ -675,7 +682,7 @@ async fn set_and_clear_limits(store: Arc<dyn Store>) {
     for unknown in [
         (bystander.id + 1).to_string(),
         "99999999999999999999999".to_owned(),
-        keys::generate().prefix,
+        key_secret::generate().prefix,
         String::new(),
     ] {
         assert_eq!(
@@ -713,7 +720,7 @@ async fn invalid_limits_are_refused(store: Arc<dyn Store>) {
     ];
     for limits in &invalid {
         match store
-            .create_key("bad", None, &keys::generate(), limits)
+            .create_key("bad", None, &key_secret::generate(), limits)
             .await
         {
             Err(StoreError::Invalid(message)) => assert!(!message.is_empty()),
@@ -722,7 +729,7 @@ async fn invalid_limits_are_refused(store: Arc<dyn Store>) {
     }
     assert!(store.list_keys().await.unwrap().is_empty());
 
-    let key = keys::generate();
+    let key = key_secret::generate();
     let record = store.create_key("k", None, &key, &ALL_OWN).await.unwrap();
     for limits in &invalid {
         let update = LimitUpdate {
@@ -746,10 +753,10 @@ async fn invalid_limits_are_refused(store: Arc<dyn Store>) {
 }
 
 async fn key_by_id_or_prefix(store: Arc<dyn Store>) {
-    let key = keys::generate();
+    let key = key_secret::generate();
     let record = store.create_key("k", None, &key, &ALL_OWN).await.unwrap();
     let other = store
-        .create_key("other", None, &keys::generate(), DEFAULTS)
+        .create_key("other", None, &key_secret::generate(), DEFAULTS)
         .await
         .unwrap();
     assert_eq!(
@@ -770,7 +777,7 @@ async fn key_by_id_or_prefix(store: Arc<dyn Store>) {
         "0".to_owned(),
         "-1".to_owned(),
         "99999999999999999999999999".to_owned(),
-        keys::generate().prefix,
+        key_secret::generate().prefix,
         String::new(),
         key.secret.expose().to_owned(),
     ] {
@@ -788,7 +795,7 @@ async fn text_with_nul_is_invalid_or_matches_no_key(store: Arc<dyn Store>) {
         ("ok", Some("a\0@example.org"), "email"),
     ] {
         match store
-            .create_key(name, email, &keys::generate(), DEFAULTS)
+            .create_key(name, email, &key_secret::generate(), DEFAULTS)
             .await
         {
             Err(StoreError::Invalid(message)) => assert!(message.starts_with(field), "{message}"),
@@ -797,7 +804,7 @@ async fn text_with_nul_is_invalid_or_matches_no_key(store: Arc<dyn Store>) {
     }
     assert!(store.list_keys().await.unwrap().is_empty());
 
-    let key = keys::generate();
+    let key = key_secret::generate();
     store.create_key("k", None, &key, DEFAULTS).await.unwrap();
     let change = LimitUpdate {
         max_queued: Some(Some(3)),
@@ -825,12 +832,12 @@ fn usage(key_id: i64, request_id: &str, month: &str, prompt: u64, completion: u6
 
 async fn usage_sums_by_key_and_month(store: Arc<dyn Store>) {
     let a = store
-        .create_key("a", None, &keys::generate(), DEFAULTS)
+        .create_key("a", None, &key_secret::generate(), DEFAULTS)
         .await
         .unwrap()
         .id;
     let b = store
-        .create_key("b", None, &keys::generate(), DEFAULTS)
+        .create_key("b", None, &key_secret::generate(), DEFAULTS)
         .await
         .unwrap()
         .id;
@@ -865,12 +872,12 @@ async fn usage_sums_by_key_and_month(store: Arc<dyn Store>) {
 
 async fn usage_is_idempotent(store: Arc<dyn Store>) {
     let a = store
-        .create_key("a", None, &keys::generate(), DEFAULTS)
+        .create_key("a", None, &key_secret::generate(), DEFAULTS)
         .await
         .unwrap()
         .id;
     let b = store
-        .create_key("b", None, &keys::generate(), DEFAULTS)
+        .create_key("b", None, &key_secret::generate(), DEFAULTS)
         .await
         .unwrap()
         .id;
@@ -905,7 +912,7 @@ async fn usage_is_idempotent(store: Arc<dyn Store>) {
 
 async fn usage_refuses_bad_rows(store: Arc<dyn Store>) {
     let a = store
-        .create_key("a", None, &keys::generate(), DEFAULTS)
+        .create_key("a", None, &key_secret::generate(), DEFAULTS)
         .await
         .unwrap()
         .id;
@@ -952,7 +959,7 @@ async fn usage_refuses_bad_rows(store: Arc<dyn Store>) {
 /// where the backend splits it — is written whole or not at all, and once.
 async fn usage_batches_are_all_or_none(store: Arc<dyn Store>) {
     let a = store
-        .create_key("a", None, &keys::generate(), DEFAULTS)
+        .create_key("a", None, &key_secret::generate(), DEFAULTS)
         .await
         .unwrap()
         .id;
@@ -1137,7 +1144,12 @@ async fn request_log_round_trip(store: Arc<dyn Store>) {
     store.append_request_log(&[]).await.unwrap();
 
     let key = store
-        .create_key("k", Some("k@example.org"), &keys::generate(), DEFAULTS)
+        .create_key(
+            "k",
+            Some("k@example.org"),
+            &key_secret::generate(),
+            DEFAULTS,
+        )
         .await
         .unwrap();
     let full = RequestLogRow {
@@ -1361,7 +1373,7 @@ fn relative_to(from: &std::path::Path, to: &std::path::Path) -> PathBuf {
 async fn sqlite_never_stores_the_secret() {
     let db = TestDb::sqlite();
     let store = db.store().await;
-    let key = keys::generate();
+    let key = key_secret::generate();
     store.create_key("k", None, &key, DEFAULTS).await.unwrap();
     store.ping().await.unwrap();
 
@@ -1387,7 +1399,7 @@ async fn sqlite_never_stores_the_secret() {
 async fn sqlite_memory() {
     let a = store::connect("sqlite::memory:").await.unwrap();
     let b = store::connect("sqlite::memory:").await.unwrap();
-    let key = keys::generate();
+    let key = key_secret::generate();
     let record = a.create_key("k", None, &key, DEFAULTS).await.unwrap();
     // Kept across queries (one long-lived connection)...
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -1755,7 +1767,7 @@ async fn postgres_signals_key_changes() {
         .expect("PostgreSQL listens");
     let elsewhere = db.store().await;
     elsewhere
-        .create_key("k", None, &keys::generate(), DEFAULTS)
+        .create_key("k", None, &key_secret::generate(), DEFAULTS)
         .await
         .unwrap();
     let signal = tokio::time::timeout(Duration::from_secs(5), signals.next()).await;

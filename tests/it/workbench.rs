@@ -38,7 +38,7 @@ async fn key(store: &dyn Store) -> i64 {
         .create_key(
             "workbench",
             None,
-            &fleetgate::keys::generate(),
+            &fleetgate::key_secret::generate(),
             &LimitOverrides::default(),
         )
         .await

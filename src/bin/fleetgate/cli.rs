@@ -11,7 +11,8 @@ use serde_json::json;
 
 use fleetgate::admission::{KeyLimits, Month};
 use fleetgate::config::LimitDefaults;
-use fleetgate::keys::{KeyError, KeyService, Limit, LimitInput, LimitsChange, NewLimits};
+use fleetgate::key_limits::{Limit, LimitInput};
+use fleetgate::keys::{KeyError, KeyService, LimitsChange, NewLimits};
 use fleetgate::store::{KeyRecord, LimitOverrides, Store};
 
 /// A limit flag of `keys set`: a value, or `default` to drop the key's own value.
@@ -471,7 +472,7 @@ mod tests {
             out.contains("5 requests/minute (own)") && out.contains("1000 tokens/month (default)"),
             "{out}"
         );
-        let prefix = &secret[..fleetgate::keys::PREFIX_LEN];
+        let prefix = &secret[..fleetgate::key_secret::PREFIX_LEN];
         let record = store.key(prefix).await.unwrap().unwrap();
 
         let json: serde_json::Value = serde_json::from_str(

@@ -44,7 +44,7 @@ gpu = "demo-gpu-0"
     })?;
     let address = listener.local_addr()?;
     let state = server::prepare(config).await?;
-    let key = fleetgate::keys::generate();
+    let key = fleetgate::key_secret::generate();
     state
         .store()
         .create_key(

@@ -7,7 +7,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use fleetgate::config::Config;
-use fleetgate::keys::{Limit, LimitInput, LimitsChange, NewLimits};
+use fleetgate::key_limits::{Limit, LimitInput};
+use fleetgate::keys::{LimitsChange, NewLimits};
 use fleetgate::server;
 
 mod cli;
@@ -230,7 +231,7 @@ enum KeysCommand {
 }
 
 /// The limit flags of `keys create`. The bounds are the key service's
-/// ([`fleetgate::keys::Limit`]); `cli::limit_arg` checks each value against them.
+/// ([`fleetgate::key_limits::Limit`]); `cli::limit_arg` checks each value against them.
 #[derive(clap::Args)]
 struct CreateLimits {
     /// Prompt + completion tokens per calendar month (UTC).
