@@ -21,6 +21,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use crate::background::prober::Prober;
 use crate::config::{Config, ConfigError};
 use crate::fleet::{ModelChanges, Node};
 use crate::state::AppState;
@@ -66,7 +67,7 @@ pub async fn reload(state: &AppState) -> Result<Reloaded, ReloadError> {
         .iter()
         .flat_map(|p| p.added().iter().cloned())
         .collect();
-    state.prober().introduce(&added).await;
+    Prober::of(state).introduce(&added).await;
     let metrics = state.metrics();
     let models: Vec<ModelChanges> = planned
         .into_iter()

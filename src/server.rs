@@ -22,11 +22,13 @@ use crate::admission::redis::journal::{self, JournalStore};
 use crate::admission::unlimited::Unlimited;
 use crate::admission::{Limiter, UsageSource};
 
+use crate::background::job_workers::Workers;
+use crate::background::prober::Prober;
+use crate::background::{checkpoint_sweeper, job_upkeep};
 use crate::config::{Config, LogFormat, TraceSettings};
-use crate::jobs;
+use crate::http::router::build_router;
 use crate::keys::KeyTable;
 use crate::ledger::Ledger;
-use crate::router::build_router;
 use crate::state::AppState;
 use crate::traces::Exporter;
 
@@ -139,15 +141,15 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     // Dropped at the end, after the last settlement: requests' tasks run on the lanes.
-    let lanes = crate::connections::Lanes::start(state.config().connections.threads)
+    let lanes = crate::http::connections::Lanes::start(state.config().connections.threads)
         .context("cannot start the connection threads")?;
     // Before anything slow: from here on, SIGHUP reloads instead of ending the process.
     let reloads = crate::reload::on_hangup(state.clone()).map(tokio::spawn);
-    let probes = state.prober();
+    let probes = Prober::of(&state);
     probes.discover().await;
     let prober = tokio::spawn(probes.clone().run());
     let keep_warm = tokio::spawn(probes.keep_warm());
-    let sweeper = tokio::spawn(crate::workbench::sweeper::run(state.clone()));
+    let sweeper = tokio::spawn(checkpoint_sweeper::run(state.clone()));
     let stop_following = tokio_util::sync::CancellationToken::new();
     let keys = tokio::spawn(Arc::clone(state.keys()).follow(stop_following.clone()));
     let grace = Duration::from_millis(state.config().shutdown_grace_ms);
@@ -161,12 +163,12 @@ pub async fn serve(
     };
     let connections = state.config().connections.clone();
     let metrics = state.metrics().clone();
-    let workers = jobs::Workers::start(state.clone());
+    let workers = Workers::start(state.clone());
     let cut_jobs = workers.cutter();
     let jobs_hub = state.jobs().clone();
     let stop_upkeep = tokio_util::sync::CancellationToken::new();
-    let sweep = tokio::spawn(jobs::upkeep::sweep(state.clone(), stop_upkeep.clone()));
-    let watch = tokio::spawn(jobs::upkeep::watch(state.clone(), stop_upkeep.clone()));
+    let sweep = tokio::spawn(job_upkeep::sweep(state.clone(), stop_upkeep.clone()));
+    let watch = tokio::spawn(job_upkeep::watch(state.clone(), stop_upkeep.clone()));
     let router = build_router(state);
     let stopping = Arc::new(Notify::new());
     // Cancelled when the shutdown starts: workers stop claiming, long-polls answer.
@@ -185,7 +187,7 @@ pub async fn serve(
         stop_jobs.cancelled().await;
         workers.shutdown(grace).await;
     };
-    let server = crate::connections::serve(
+    let server = crate::http::connections::serve(
         listener,
         router,
         &connections,
@@ -269,7 +271,7 @@ async fn serve_ops(
         .await
         .with_context(|| format!("cannot listen on {address} (ops_listen)"))?;
     tracing::info!(address = %listener.local_addr()?, "fleetgate ops listening");
-    let router = crate::router::build_ops_router(state.clone());
+    let router = crate::http::router::build_ops_router(state.clone());
     Ok(tokio::spawn(async move {
         if let Err(err) = axum::serve(listener, router).await {
             tracing::error!(error = %err, "the ops listener failed");

@@ -12,7 +12,6 @@ use crate::admission::give_back::GiveBack;
 use crate::admission::renewals::Renewals;
 use crate::config::Config;
 use crate::fleet::Fleet;
-use crate::fleet::prober::Prober;
 use crate::job_hub::JobHub;
 use crate::keys::KeyTable;
 use crate::ledger::Ledger;
@@ -139,15 +138,5 @@ impl AppState {
     }
     pub fn reloading(&self) -> &tokio::sync::Mutex<()> {
         &self.0.reloading
-    }
-    /// The health probes and the keep-warm loop over this state's fleet.
-    pub fn prober(&self) -> Prober {
-        let metrics = self.0.metrics.clone();
-        Prober::new(
-            Arc::clone(&self.0.fleet),
-            self.0.upstream.clone(),
-            Arc::new(move |model: &str, gpu: &str| metrics.upstream(model, gpu).ejected()),
-            &self.0.config.fleet,
-        )
     }
 }

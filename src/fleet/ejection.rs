@@ -4,7 +4,7 @@
 //!   at once (passive ejection), for `eject_base_ms`, doubling with every failure in a
 //!   row up to `eject_max_ms`. Failures while already ejected do not add: the requests
 //!   in flight when a node dies all fail together, and that is one failure.
-//! - The prober (`prober.rs`) asks ejected nodes again only once their back-off has
+//! - The prober (`background::prober`) asks ejected nodes again only once their back-off has
 //!   passed (half-open); a good answer re-admits the node, a bad one ejects it for
 //!   longer. The streak is cleared only by a request that succeeds, so a node whose
 //!   `/health` says yes while its completions fail is re-admitted ever more rarely.

@@ -7,7 +7,7 @@
 //! - Capacity: when every node that is up is full, requests wait in a bounded per-model
 //!   queue (`fleet.queue_size`, `fleet.queue_timeout_ms`), then get 503.
 //! - Nodes: `node.rs`; a model's pick and queue: `model.rs`.
-//! - Health: see `ejection.rs` (ejection, back-off) and `prober.rs` (active probes).
+//! - Health: see `ejection.rs` (ejection, back-off) and `background::prober` (active probes).
 //! - Scale to zero: `sleep.rs` (a model's state and keep-warm policy) and `wake.rs`
 //!   (the hook calls).
 //! - Live changes: `change.rs` (a reloaded config's nodes for each model, swapped in
@@ -22,7 +22,6 @@ mod load;
 mod model;
 mod node;
 mod prefix;
-pub mod prober;
 mod sleep;
 mod wake;
 

@@ -3,11 +3,14 @@
 
 pub mod auth;
 pub mod body;
-pub mod completions;
+pub mod connections;
 pub mod envelope;
 mod error_response;
 pub mod every_request;
 pub mod fallback;
+pub mod openapi;
 pub mod panics;
 pub mod request_record;
 pub mod request_span;
+pub mod router;
+pub mod routes;

@@ -13,11 +13,5 @@
 //! What this replica's handlers and workers share (long-polls, the runs here) is
 //! `crate::job_hub`'s, held by the app state.
 
-pub mod harvest;
-mod run;
+pub mod run;
 pub mod submit;
-pub mod upkeep;
-pub mod view;
-pub mod worker;
-
-pub use worker::Workers;

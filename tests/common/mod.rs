@@ -17,7 +17,7 @@ use fleetgate::admission::Limiter;
 use fleetgate::admission::ledger::LedgerUsage;
 use fleetgate::admission::local::LocalLimiter;
 use fleetgate::config::Config;
-use fleetgate::router::build_router;
+use fleetgate::http::router::build_router;
 use fleetgate::server;
 use fleetgate::state::AppState;
 use fleetgate::store::LimitOverrides;
@@ -98,7 +98,9 @@ impl Gateway {
         let (state, limiter, key) = state(config).await;
         // Start-up asks every node what it serves (and ejects the silent ones); done
         // here so that a test's fault injection comes after it.
-        state.prober().discover().await;
+        fleetgate::background::prober::Prober::of(&state)
+            .discover()
+            .await;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (tx, rx) = oneshot::channel();

@@ -388,7 +388,7 @@ async fn a_nul_character_is_400_in_a_body_and_404_in_a_path() {
 #[tokio::test]
 async fn a_key_that_is_not_utf8_is_a_documented_400() {
     let gw = admin().await;
-    let doc = serde_json::to_value(fleetgate::router::openapi_document()).unwrap();
+    let doc = serde_json::to_value(fleetgate::http::router::openapi_document()).unwrap();
     for (method, template, body) in [
         (reqwest::Method::GET, "/admin/keys/{key}", None),
         (reqwest::Method::POST, "/admin/keys/{key}/revoke", None),

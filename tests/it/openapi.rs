@@ -6,14 +6,14 @@ use serde_json::{Value, json};
 const CHECKED_IN: &str = "openapi/openapi.json";
 
 fn generated() -> Value {
-    serde_json::to_value(fleetgate::router::openapi_document()).unwrap()
+    serde_json::to_value(fleetgate::http::router::openapi_document()).unwrap()
 }
 
 /// Fails when the code's document and `openapi/openapi.json` differ. Run with
 /// `UPDATE_OPENAPI=1` to rewrite the file after an intended change.
 #[test]
 fn checked_in_document_matches_the_code() {
-    let pretty = fleetgate::router::openapi_document()
+    let pretty = fleetgate::http::router::openapi_document()
         .to_pretty_json()
         .unwrap()
         + "\n";

@@ -231,7 +231,7 @@ async fn the_openapi_document_is_served_without_a_key() {
     let served = json_body(response).await;
     assert_eq!(
         served,
-        serde_json::to_value(fleetgate::router::openapi_document()).unwrap(),
+        serde_json::to_value(fleetgate::http::router::openapi_document()).unwrap(),
         "the served document is the code's"
     );
     assert!(

@@ -414,7 +414,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Command::Openapi => {
             println!(
                 "{}",
-                fleetgate::router::openapi_document().to_pretty_json()?
+                fleetgate::http::router::openapi_document().to_pretty_json()?
             );
             Ok(())
         }

@@ -10,8 +10,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::run;
 use crate::backoff::Backoff;
+use crate::jobs::run;
 use crate::state::AppState;
 use crate::store::now_unix_ms;
 

@@ -47,8 +47,8 @@ pub struct Capabilities {
     tag = "models",
     responses(
         (status = 200, description = "The models of this deployment.", body = ModelList),
-        (status = 401, description = "`invalid_api_key`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 503, description = "`store_unavailable`: the key is not among the keys this server holds in memory and the store cannot be reached to look it up. Carries `Retry-After`.", body = crate::openapi::ErrorEnvelopeDoc),
+        (status = 401, description = "`invalid_api_key`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 503, description = "`store_unavailable`: the key is not among the keys this server holds in memory and the store cannot be reached to look it up. Carries `Retry-After`.", body = crate::http::openapi::ErrorEnvelopeDoc),
     ),
     security(("bearer" = []))
 )]

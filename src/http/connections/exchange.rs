@@ -22,7 +22,7 @@ use hyper_util::service::TowerToHyperService;
 use tower_http::add_extension::AddExtension;
 use tower_http::compression::{Compression, CompressionBody};
 
-use crate::router::{CompressWhen, compressed};
+use crate::http::router::{CompressWhen, compressed};
 
 /// The router, with the client's address in every request's extensions, and its
 /// answers compressed (`router::compressed`).

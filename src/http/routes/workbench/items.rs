@@ -104,8 +104,8 @@ impl From<ItemRecord> for ItemView {
 #[utoipa::path(get, path = "/v1/workbench/items", tag = "workbench",
     responses(
         (status = 200, description = "The key's saved items and unexpired checkpoints, most recently changed first.", body = Vec<ItemView>),
-        (status = 401, description = "`invalid_api_key`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 503, description = "`store_unavailable`.", body = crate::openapi::ErrorEnvelopeDoc),
+        (status = 401, description = "`invalid_api_key`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 503, description = "`store_unavailable`.", body = crate::http::openapi::ErrorEnvelopeDoc),
     ),
     security(("bearer" = [])))]
 pub async fn list_items(
@@ -122,9 +122,9 @@ pub async fn list_items(
 #[utoipa::path(post, path = "/v1/workbench/items", tag = "workbench", request_body = NewItemRequest,
     responses(
         (status = 201, description = "The new item.", body = ItemView),
-        (status = 400, description = "`invalid_request`: bad JSON, an unknown field, a title over 200 characters.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 401, description = "`invalid_api_key`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 503, description = "`store_unavailable`.", body = crate::openapi::ErrorEnvelopeDoc),
+        (status = 400, description = "`invalid_request`: bad JSON, an unknown field, a title over 200 characters.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 401, description = "`invalid_api_key`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 503, description = "`store_unavailable`.", body = crate::http::openapi::ErrorEnvelopeDoc),
     ),
     security(("bearer" = [])))]
 pub async fn create_item(
@@ -153,10 +153,10 @@ pub async fn create_item(
     params(("id" = i64, Path, description = "The item's id")),
     responses(
         (status = 200, description = "The item.", body = ItemView),
-        (status = 400, description = "`invalid_request`: the id is not a 64-bit integer.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 401, description = "`invalid_api_key`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 404, description = "`not_found`: no such item for this key (another key's items are never shown), or an expired checkpoint.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 503, description = "`store_unavailable`.", body = crate::openapi::ErrorEnvelopeDoc),
+        (status = 400, description = "`invalid_request`: the id is not a 64-bit integer.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 401, description = "`invalid_api_key`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 404, description = "`not_found`: no such item for this key (another key's items are never shown), or an expired checkpoint.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 503, description = "`store_unavailable`.", body = crate::http::openapi::ErrorEnvelopeDoc),
     ),
     security(("bearer" = [])))]
 pub async fn get_item(
@@ -176,11 +176,11 @@ pub async fn get_item(
     params(("id" = i64, Path, description = "The item's id")),
     responses(
         (status = 200, description = "The changed item, at its next version.", body = ItemView),
-        (status = 400, description = "`invalid_request`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 401, description = "`invalid_api_key`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 404, description = "`not_found`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 409, description = "`version_conflict`: the item was changed since `version` (in another tab); nothing was changed.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 503, description = "`store_unavailable`.", body = crate::openapi::ErrorEnvelopeDoc),
+        (status = 400, description = "`invalid_request`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 401, description = "`invalid_api_key`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 404, description = "`not_found`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 409, description = "`version_conflict`: the item was changed since `version` (in another tab); nothing was changed.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 503, description = "`store_unavailable`.", body = crate::http::openapi::ErrorEnvelopeDoc),
     ),
     security(("bearer" = [])))]
 pub async fn update_item(
@@ -208,10 +208,10 @@ pub async fn update_item(
     params(("id" = i64, Path, description = "The item's id")),
     responses(
         (status = 204, description = "Deleted."),
-        (status = 400, description = "`invalid_request`: the id is not a 64-bit integer.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 401, description = "`invalid_api_key`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 404, description = "`not_found`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 503, description = "`store_unavailable`.", body = crate::openapi::ErrorEnvelopeDoc),
+        (status = 400, description = "`invalid_request`: the id is not a 64-bit integer.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 401, description = "`invalid_api_key`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 404, description = "`not_found`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 503, description = "`store_unavailable`.", body = crate::http::openapi::ErrorEnvelopeDoc),
     ),
     security(("bearer" = [])))]
 pub async fn delete_item(

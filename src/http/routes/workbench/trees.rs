@@ -158,8 +158,8 @@ pub struct ExportNode {
 #[utoipa::path(get, path = "/v1/workbench/trees", tag = "workbench",
     responses(
         (status = 200, description = "The key's trees, most recently changed first.", body = Vec<TreeSummary>),
-        (status = 401, description = "`invalid_api_key`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 503, description = "`store_unavailable`.", body = crate::openapi::ErrorEnvelopeDoc),
+        (status = 401, description = "`invalid_api_key`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 503, description = "`store_unavailable`.", body = crate::http::openapi::ErrorEnvelopeDoc),
     ),
     security(("bearer" = [])))]
 pub async fn list_trees(
@@ -184,9 +184,9 @@ fn view(tree: TreeRecord, nodes: Vec<NodeRecord>) -> TreeView {
 #[utoipa::path(post, path = "/v1/workbench/trees", tag = "workbench", request_body = NewTreeRequest,
     responses(
         (status = 201, description = "The new tree with its root.", body = TreeView),
-        (status = 400, description = "`invalid_request`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 401, description = "`invalid_api_key`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 503, description = "`store_unavailable`.", body = crate::openapi::ErrorEnvelopeDoc),
+        (status = 400, description = "`invalid_request`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 401, description = "`invalid_api_key`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 503, description = "`store_unavailable`.", body = crate::http::openapi::ErrorEnvelopeDoc),
     ),
     security(("bearer" = [])))]
 pub async fn create_tree(
@@ -217,9 +217,9 @@ pub async fn create_tree(
 #[utoipa::path(post, path = "/v1/workbench/trees/import", tag = "workbench", request_body = TreeExport,
     responses(
         (status = 201, description = "The imported tree, a new one with new ids.", body = TreeView),
-        (status = 400, description = "`invalid_request`: not an export (`format` other than `fleetgate-loom/1`, an unknown field), no root, a node whose parent is not an earlier node.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 401, description = "`invalid_api_key`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 503, description = "`store_unavailable`.", body = crate::openapi::ErrorEnvelopeDoc),
+        (status = 400, description = "`invalid_request`: not an export (`format` other than `fleetgate-loom/1`, an unknown field), no root, a node whose parent is not an earlier node.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 401, description = "`invalid_api_key`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 503, description = "`store_unavailable`.", body = crate::http::openapi::ErrorEnvelopeDoc),
     ),
     security(("bearer" = [])))]
 pub async fn import_tree(
@@ -280,10 +280,10 @@ pub async fn import_tree(
     params(("id" = i64, Path, description = "The tree's id")),
     responses(
         (status = 200, description = "The tree and all its nodes.", body = TreeView),
-        (status = 400, description = "`invalid_request`: the id is not a 64-bit integer.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 401, description = "`invalid_api_key`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 404, description = "`not_found`: no such tree for this key (another key's trees are never shown).", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 503, description = "`store_unavailable`.", body = crate::openapi::ErrorEnvelopeDoc),
+        (status = 400, description = "`invalid_request`: the id is not a 64-bit integer.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 401, description = "`invalid_api_key`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 404, description = "`not_found`: no such tree for this key (another key's trees are never shown).", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 503, description = "`store_unavailable`.", body = crate::http::openapi::ErrorEnvelopeDoc),
     ),
     security(("bearer" = [])))]
 pub async fn get_tree(
@@ -303,10 +303,10 @@ pub async fn get_tree(
     params(("id" = i64, Path, description = "The tree's id")),
     responses(
         (status = 200, description = "The tree as JSON that `POST /v1/workbench/trees/import` takes back.", body = TreeExport),
-        (status = 400, description = "`invalid_request`: the id is not a 64-bit integer.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 401, description = "`invalid_api_key`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 404, description = "`not_found`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 503, description = "`store_unavailable`.", body = crate::openapi::ErrorEnvelopeDoc),
+        (status = 400, description = "`invalid_request`: the id is not a 64-bit integer.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 401, description = "`invalid_api_key`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 404, description = "`not_found`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 503, description = "`store_unavailable`.", body = crate::http::openapi::ErrorEnvelopeDoc),
     ),
     security(("bearer" = [])))]
 pub async fn export_tree(
@@ -340,11 +340,11 @@ pub async fn export_tree(
     params(("id" = i64, Path, description = "The tree's id")),
     responses(
         (status = 200, description = "The renamed tree.", body = TreeSummary),
-        (status = 400, description = "`invalid_request`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 401, description = "`invalid_api_key`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 404, description = "`not_found`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 409, description = "`version_conflict`: renamed since `version`; nothing was changed.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 503, description = "`store_unavailable`.", body = crate::openapi::ErrorEnvelopeDoc),
+        (status = 400, description = "`invalid_request`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 401, description = "`invalid_api_key`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 404, description = "`not_found`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 409, description = "`version_conflict`: renamed since `version`; nothing was changed.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 503, description = "`store_unavailable`.", body = crate::http::openapi::ErrorEnvelopeDoc),
     ),
     security(("bearer" = [])))]
 pub async fn rename_tree(
@@ -371,10 +371,10 @@ pub async fn rename_tree(
     params(("id" = i64, Path, description = "The tree's id")),
     responses(
         (status = 204, description = "The tree and all its nodes are deleted."),
-        (status = 400, description = "`invalid_request`: the id is not a 64-bit integer.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 401, description = "`invalid_api_key`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 404, description = "`not_found`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 503, description = "`store_unavailable`.", body = crate::openapi::ErrorEnvelopeDoc),
+        (status = 400, description = "`invalid_request`: the id is not a 64-bit integer.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 401, description = "`invalid_api_key`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 404, description = "`not_found`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 503, description = "`store_unavailable`.", body = crate::http::openapi::ErrorEnvelopeDoc),
     ),
     security(("bearer" = [])))]
 pub async fn delete_tree(
@@ -393,10 +393,10 @@ pub async fn delete_tree(
     params(("id" = i64, Path, description = "The tree's id")),
     responses(
         (status = 201, description = "The new node.", body = NodeView),
-        (status = 400, description = "`invalid_request`: bad JSON, or `parent_id` is not a node of this tree.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 401, description = "`invalid_api_key`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 404, description = "`not_found`: no such tree for this key.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 503, description = "`store_unavailable`.", body = crate::openapi::ErrorEnvelopeDoc),
+        (status = 400, description = "`invalid_request`: bad JSON, or `parent_id` is not a node of this tree.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 401, description = "`invalid_api_key`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 404, description = "`not_found`: no such tree for this key.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 503, description = "`store_unavailable`.", body = crate::http::openapi::ErrorEnvelopeDoc),
     ),
     security(("bearer" = [])))]
 pub async fn add_node(
@@ -435,11 +435,11 @@ pub async fn add_node(
     ),
     responses(
         (status = 200, description = "The node with its new flags.", body = NodeView),
-        (status = 400, description = "`invalid_request`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 401, description = "`invalid_api_key`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 404, description = "`not_found`: no such tree for this key, or no such node in it.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 409, description = "`version_conflict`: the node's flags changed since `version`; nothing was changed.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 503, description = "`store_unavailable`.", body = crate::openapi::ErrorEnvelopeDoc),
+        (status = 400, description = "`invalid_request`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 401, description = "`invalid_api_key`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 404, description = "`not_found`: no such tree for this key, or no such node in it.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 409, description = "`version_conflict`: the node's flags changed since `version`; nothing was changed.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 503, description = "`store_unavailable`.", body = crate::http::openapi::ErrorEnvelopeDoc),
     ),
     security(("bearer" = [])))]
 pub async fn set_node_flags(

@@ -13,35 +13,24 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use tokio::time::MissedTickBehavior;
 
-use super::{Fleet, Model, Node};
-use crate::config::FleetSettings;
-use crate::upstream::UpstreamClient;
+use crate::fleet::{Model, Node};
+use crate::state::AppState;
 
-/// Told of each node a probe ejects, by model id and GPU label (the metrics count them).
-pub type OnEjected = Arc<dyn Fn(&str, &str) + Send + Sync>;
-
-/// What probing needs: the fleet, the client that asks the nodes, who is told of
-/// ejections, and the beat. Cheap to clone; each loop owns one.
+/// The state whose fleet is probed (its client asks the nodes, its metrics count the
+/// ejections), and the beat. Cheap to clone; each loop owns one.
 #[derive(Clone)]
 pub struct Prober {
-    fleet: Arc<Fleet>,
-    client: UpstreamClient,
-    on_ejected: OnEjected,
+    state: AppState,
     interval: Duration,
     timeout: Duration,
 }
 
 impl Prober {
-    pub fn new(
-        fleet: Arc<Fleet>,
-        client: UpstreamClient,
-        on_ejected: OnEjected,
-        settings: &FleetSettings,
-    ) -> Self {
+    /// The health probes and the keep-warm loop over `state`'s fleet.
+    pub fn of(state: &AppState) -> Self {
+        let settings = &state.config().fleet;
         Self {
-            fleet,
-            client,
-            on_ejected,
+            state: state.clone(),
             interval: Duration::from_millis(settings.probe_interval_ms),
             timeout: Duration::from_millis(settings.probe_timeout_ms),
         }
@@ -51,21 +40,24 @@ impl Prober {
     /// node that does not answer (within `fleet.probe_timeout_ms`) starts ejected; the
     /// probes re-admit it once it does.
     pub async fn discover(&self) {
-        self.introduce(&self.fleet.nodes()).await;
+        self.introduce(&self.state.fleet().nodes()).await;
     }
 
     /// [`Self::discover`] for `nodes` only: those a reload adds.
     pub async fn introduce(&self, nodes: &[Arc<Node>]) {
-        let all = nodes.iter().map(|node| async move {
-            let failure =
-                match tokio::time::timeout(self.timeout, node.discover(&self.client)).await {
-                    Ok(Ok(_)) => return,
-                    Ok(Err(err)) => err.to_string(),
-                    Err(_) => format!("no answer within {} ms", self.timeout.as_millis()),
-                };
-            node.health.probe_failed();
-            tracing::warn!(upstream = %node.url, error = %failure, "upstream not ready yet");
-        });
+        let all =
+            nodes.iter().map(|node| async move {
+                let failure =
+                    match tokio::time::timeout(self.timeout, node.discover(self.state.upstream()))
+                        .await
+                    {
+                        Ok(Ok(_)) => return,
+                        Ok(Err(err)) => err.to_string(),
+                        Err(_) => format!("no answer within {} ms", self.timeout.as_millis()),
+                    };
+                node.health.probe_failed();
+                tracing::warn!(upstream = %node.url, error = %failure, "upstream not ready yet");
+            });
         join_all(all).await;
     }
 
@@ -86,7 +78,8 @@ impl Prober {
             let now = Instant::now();
             // The nodes of this beat: a reload's changes are probed from the next one.
             let due: Vec<(&Model, Arc<Node>)> = self
-                .fleet
+                .state
+                .fleet()
                 .models()
                 .iter()
                 .flat_map(|model| {
@@ -109,17 +102,18 @@ impl Prober {
         loop {
             ticks.tick().await;
             let sleeps = self
-                .fleet
+                .state
+                .fleet()
                 .models()
                 .iter()
-                .map(|model| model.sleep_if_idle(&self.client));
+                .map(|model| model.sleep_if_idle(self.state.upstream()));
             join_all(sleeps).await;
         }
     }
 
     async fn probe(&self, model: &Model, upstream: &Node) {
         let timeout = self.timeout;
-        let client = &self.client;
+        let client = self.state.upstream();
         let ticket = upstream.health.probe_ticket();
         let answer = tokio::time::timeout(timeout, async {
             client.health(&upstream.url).await?;
@@ -164,7 +158,10 @@ impl Prober {
         };
         if upstream.health.probe_failed() {
             tracing::warn!(model = %model.id, gpu = %upstream.gpu, reason = %failure, "node failed its probe; ejected");
-            (self.on_ejected)(&model.id, &upstream.gpu);
+            self.state
+                .metrics()
+                .upstream(&model.id, &upstream.gpu)
+                .ejected();
         } else {
             tracing::debug!(model = %model.id, gpu = %upstream.gpu, reason = %failure, "ejected node still failing");
         }

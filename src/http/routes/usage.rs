@@ -44,8 +44,8 @@ pub struct KeyUsage {
     tag = "usage",
     responses(
         (status = 200, description = "The calling key's budget, usage and limits for the current month.", body = KeyUsage),
-        (status = 401, description = "`invalid_api_key`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 503, description = "`admission_unavailable`: the live counters cannot be read; or `store_unavailable`: the key is not among the keys this server holds in memory and the store cannot be reached to look it up. Both carry `Retry-After`.", body = crate::openapi::ErrorEnvelopeDoc),
+        (status = 401, description = "`invalid_api_key`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 503, description = "`admission_unavailable`: the live counters cannot be read; or `store_unavailable`: the key is not among the keys this server holds in memory and the store cannot be reached to look it up. Both carry `Retry-After`.", body = crate::http::openapi::ErrorEnvelopeDoc),
     ),
     security(("bearer" = []))
 )]

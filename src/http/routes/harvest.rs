@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use rand::Rng as _;
 use serde::{Deserialize, Serialize};
 
-use super::view::JobView;
+use super::job_view::JobView;
 use crate::contract::{MAX_HARVEST_WAIT_SECS, X_ACS_LONGPOLL};
 use crate::error::ApiError;
 use crate::http::auth::Caller;
@@ -40,15 +40,15 @@ pub struct HarvestParams {
     tag = "jobs",
     params(("id" = String, Path, description = "The job's id (`job_…`), as in the submission's `Location`."), HarvestParams),
     responses(
-        (status = 200, description = "The job. When it has not ended and `wait` > 0, the answer comes when it ends or `wait` seconds pass, whichever is first. When too many long-polls already wait (this server's `jobs.max_waiters`, or the key's `jobs.max_waiters_per_key`), the answer comes at once with `X-Acs-Longpoll: declined` and a `Retry-After`: not an error, poll again then.", body = crate::openapi::JobDoc,
+        (status = 200, description = "The job. When it has not ended and `wait` > 0, the answer comes when it ends or `wait` seconds pass, whichever is first. When too many long-polls already wait (this server's `jobs.max_waiters`, or the key's `jobs.max_waiters_per_key`), the answer comes at once with `X-Acs-Longpoll: declined` and a `Retry-After`: not an error, poll again then.", body = crate::http::openapi::JobDoc,
             headers(
                 ("X-Acs-Longpoll" = String, description = "`declined`: answered early because too many long-polls were waiting."),
                 ("Retry-After" = u32, description = "With `X-Acs-Longpoll: declined`: seconds to wait before polling again (1–5, jittered)."),
             )),
-        (status = 400, description = "`invalid_request`: `wait` is not an integer from 0 to 60.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 401, description = "`invalid_api_key`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 404, description = "`job_not_found`: no job of this key has this id (another key's job included), or it was deleted 7 days after it ended.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 503, description = "`store_unavailable`: the job store cannot be reached. Carries `Retry-After`.", body = crate::openapi::ErrorEnvelopeDoc),
+        (status = 400, description = "`invalid_request`: `wait` is not an integer from 0 to 60.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 401, description = "`invalid_api_key`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 404, description = "`job_not_found`: no job of this key has this id (another key's job included), or it was deleted 7 days after it ended.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 503, description = "`store_unavailable`: the job store cannot be reached. Carries `Retry-After`.", body = crate::http::openapi::ErrorEnvelopeDoc),
     ),
     security(("bearer" = []))
 )]
@@ -120,10 +120,10 @@ struct JobPage<'a> {
     tag = "jobs",
     params(ListParams),
     responses(
-        (status = 200, description = "The calling key's jobs, newest first, a page at a time: `{\"object\":\"list\",\"data\":[job…],\"first_id\",\"last_id\",\"has_more\"}`; pass `last_id` as `after` for the next page.", body = crate::openapi::JobPageDoc),
-        (status = 400, description = "`invalid_request`: an unknown parameter or status, or `limit` outside 1–100.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 401, description = "`invalid_api_key`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 503, description = "`store_unavailable`. Carries `Retry-After`.", body = crate::openapi::ErrorEnvelopeDoc),
+        (status = 200, description = "The calling key's jobs, newest first, a page at a time: `{\"object\":\"list\",\"data\":[job…],\"first_id\",\"last_id\",\"has_more\"}`; pass `last_id` as `after` for the next page.", body = crate::http::openapi::JobPageDoc),
+        (status = 400, description = "`invalid_request`: an unknown parameter or status, or `limit` outside 1–100.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 401, description = "`invalid_api_key`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 503, description = "`store_unavailable`. Carries `Retry-After`.", body = crate::http::openapi::ErrorEnvelopeDoc),
     ),
     security(("bearer" = []))
 )]
@@ -170,10 +170,10 @@ pub async fn list(
     tag = "jobs",
     params(("id" = String, Path, description = "The job's id.")),
     responses(
-        (status = 200, description = "The job after the cancel: a queued job is `cancelled` and never runs; a running one is stopped upstream at once and ends `cancelled`, charged for what it used (its status reads `running` with `cancel_requested: true` until then; harvest with `wait` to see it end). A job that has ended is left as it is.", body = crate::openapi::JobDoc),
-        (status = 401, description = "`invalid_api_key`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 404, description = "`job_not_found`.", body = crate::openapi::ErrorEnvelopeDoc),
-        (status = 503, description = "`store_unavailable`. Carries `Retry-After`.", body = crate::openapi::ErrorEnvelopeDoc),
+        (status = 200, description = "The job after the cancel: a queued job is `cancelled` and never runs; a running one is stopped upstream at once and ends `cancelled`, charged for what it used (its status reads `running` with `cancel_requested: true` until then; harvest with `wait` to see it end). A job that has ended is left as it is.", body = crate::http::openapi::JobDoc),
+        (status = 401, description = "`invalid_api_key`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 404, description = "`job_not_found`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 503, description = "`store_unavailable`. Carries `Retry-After`.", body = crate::http::openapi::ErrorEnvelopeDoc),
     ),
     security(("bearer" = []))
 )]

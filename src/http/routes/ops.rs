@@ -93,7 +93,7 @@ pub struct HealthQuery {
     params(HealthQuery),
     responses(
         (status = 200, description = "The gateway is serving; each model says whether a node is up.", body = Health),
-        (status = 400, description = "`invalid_request`: `verbose` is not `true` or `false`.", body = crate::openapi::ErrorEnvelopeDoc),
+        (status = 400, description = "`invalid_request`: `verbose` is not `true` or `false`.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 503, description = "The store does not answer.", body = Health),
     )
 )]

@@ -10,7 +10,6 @@
 mod answer;
 pub mod items;
 pub mod pages;
-pub mod sweeper;
 pub mod trees;
 
 use utoipa_axum::router::OpenApiRouter;

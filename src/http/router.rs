@@ -14,10 +14,10 @@ use utoipa_axum::routes;
 use utoipa_swagger_ui::SwaggerUi;
 
 use crate::http::every_request::{self, EveryRequest};
-use crate::http::{auth, completions, envelope, fallback};
-use crate::openapi::ApiDoc;
+use crate::http::openapi::ApiDoc;
+use crate::http::routes::{admin, completions, harvest, models, ops, usage, workbench};
+use crate::http::{auth, envelope, fallback};
 use crate::state::AppState;
-use crate::{admin, jobs, models, ops, usage, workbench};
 
 /// Answers shorter than this go out uncompressed: a gzip stream's state (a few hundred
 /// KiB, zeroed for every response) costs far more than the few hundred bytes it would
@@ -50,8 +50,8 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(completions::chat::chat_completions))
         .routes(routes!(models::list_models))
         .routes(routes!(usage::own_usage))
-        .routes(routes!(jobs::harvest::list))
-        .routes(routes!(jobs::harvest::harvest, jobs::harvest::cancel))
+        .routes(routes!(harvest::list))
+        .routes(routes!(harvest::harvest, harvest::cancel))
         .merge(workbench::api_routes())
 }
 

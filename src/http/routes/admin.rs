@@ -19,12 +19,12 @@ use utoipa_axum::routes;
 use crate::error::ApiError;
 use crate::http::auth::bearer_token;
 use crate::http::body::json_body as body;
+use crate::http::routes::usage::{KeyUsage, key_usage};
 use crate::key_limits::LimitInput;
 use crate::keys::{KeyError, KeyService, LimitsChange, NewLimits};
 use crate::reload::Reloaded;
 use crate::state::AppState;
 use crate::store::{KeyRecord, StoreError};
-use crate::usage::{KeyUsage, key_usage};
 
 pub fn admin_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -228,7 +228,7 @@ fn api_error(err: KeyError) -> ApiError {
             ("revoke_key" = (operation_id = "revoke_key", parameters(("key" = "$response.body#/prefix")))),
             ("set_limits" = (operation_id = "set_limits", parameters(("key" = "$response.body#/prefix")))),
             ("usage" = (operation_id = "usage", parameters(("key" = "$response.body#/prefix")))),
-        )), (status = 400, body = crate::openapi::ErrorEnvelopeDoc), (status = 401, body = crate::openapi::ErrorEnvelopeDoc)),
+        )), (status = 400, body = crate::http::openapi::ErrorEnvelopeDoc), (status = 401, body = crate::http::openapi::ErrorEnvelopeDoc)),
     security(("admin" = [])))]
 pub async fn create_key(
     State(state): State<AppState>,
@@ -257,7 +257,7 @@ pub async fn create_key(
 }
 
 #[utoipa::path(get, path = "/admin/keys", tag = "admin",
-    responses((status = 200, body = Vec<KeyView>), (status = 401, body = crate::openapi::ErrorEnvelopeDoc)),
+    responses((status = 200, body = Vec<KeyView>), (status = 401, body = crate::http::openapi::ErrorEnvelopeDoc)),
     security(("admin" = [])))]
 pub async fn list_keys(State(state): State<AppState>) -> Result<Json<Vec<KeyView>>, ApiError> {
     let keys = key_service(&state);
@@ -273,7 +273,7 @@ pub async fn list_keys(State(state): State<AppState>) -> Result<Json<Vec<KeyView
             ("revoke_key" = (operation_id = "revoke_key", parameters(("key" = "$response.body#/prefix")))),
             ("set_limits" = (operation_id = "set_limits", parameters(("key" = "$response.body#/prefix")))),
             ("usage" = (operation_id = "usage", parameters(("key" = "$response.body#/prefix")))),
-        )), (status = 400, description = "`invalid_request`: `{key}` is not UTF-8 once percent-decoded.", body = crate::openapi::ErrorEnvelopeDoc), (status = 401, body = crate::openapi::ErrorEnvelopeDoc), (status = 404, body = crate::openapi::ErrorEnvelopeDoc)),
+        )), (status = 400, description = "`invalid_request`: `{key}` is not UTF-8 once percent-decoded.", body = crate::http::openapi::ErrorEnvelopeDoc), (status = 401, body = crate::http::openapi::ErrorEnvelopeDoc), (status = 404, body = crate::http::openapi::ErrorEnvelopeDoc)),
     security(("admin" = [])))]
 pub async fn show_key(
     State(state): State<AppState>,
@@ -286,7 +286,7 @@ pub async fn show_key(
 
 #[utoipa::path(post, path = "/admin/keys/{key}/revoke", tag = "admin",
     params(("key" = String, Path, description = "Key id or prefix")),
-    responses((status = 200, body = KeyView), (status = 400, description = "`invalid_request`: `{key}` is not UTF-8 once percent-decoded.", body = crate::openapi::ErrorEnvelopeDoc), (status = 401, body = crate::openapi::ErrorEnvelopeDoc), (status = 404, body = crate::openapi::ErrorEnvelopeDoc)),
+    responses((status = 200, body = KeyView), (status = 400, description = "`invalid_request`: `{key}` is not UTF-8 once percent-decoded.", body = crate::http::openapi::ErrorEnvelopeDoc), (status = 401, body = crate::http::openapi::ErrorEnvelopeDoc), (status = 404, body = crate::http::openapi::ErrorEnvelopeDoc)),
     security(("admin" = [])))]
 pub async fn revoke_key(
     State(state): State<AppState>,
@@ -300,7 +300,7 @@ pub async fn revoke_key(
 
 #[utoipa::path(patch, path = "/admin/keys/{key}/limits", tag = "admin", request_body = LimitsPatch,
     params(("key" = String, Path, description = "Key id or prefix")),
-    responses((status = 200, body = KeyView), (status = 400, description = "`invalid_request`: a limit is out of its bounds or not a whole number (`param` names it), the body is not the JSON object documented, or `{key}` is not UTF-8 once percent-decoded.", body = crate::openapi::ErrorEnvelopeDoc), (status = 401, body = crate::openapi::ErrorEnvelopeDoc), (status = 404, body = crate::openapi::ErrorEnvelopeDoc)),
+    responses((status = 200, body = KeyView), (status = 400, description = "`invalid_request`: a limit is out of its bounds or not a whole number (`param` names it), the body is not the JSON object documented, or `{key}` is not UTF-8 once percent-decoded.", body = crate::http::openapi::ErrorEnvelopeDoc), (status = 401, body = crate::http::openapi::ErrorEnvelopeDoc), (status = 404, body = crate::http::openapi::ErrorEnvelopeDoc)),
     security(("admin" = [])))]
 pub async fn set_limits(
     State(state): State<AppState>,
@@ -322,7 +322,7 @@ pub async fn set_limits(
 
 #[utoipa::path(get, path = "/admin/keys/{key}/usage", tag = "admin",
     params(("key" = String, Path, description = "Key id or prefix")),
-    responses((status = 200, body = KeyUsage), (status = 400, description = "`invalid_request`: `{key}` is not UTF-8 once percent-decoded.", body = crate::openapi::ErrorEnvelopeDoc), (status = 401, body = crate::openapi::ErrorEnvelopeDoc), (status = 404, body = crate::openapi::ErrorEnvelopeDoc)),
+    responses((status = 200, body = KeyUsage), (status = 400, description = "`invalid_request`: `{key}` is not UTF-8 once percent-decoded.", body = crate::http::openapi::ErrorEnvelopeDoc), (status = 401, body = crate::http::openapi::ErrorEnvelopeDoc), (status = 404, body = crate::http::openapi::ErrorEnvelopeDoc)),
     security(("admin" = [])))]
 pub async fn usage(
     State(state): State<AppState>,
@@ -339,7 +339,7 @@ pub async fn usage(
 
 #[utoipa::path(post, path = "/admin/reload", tag = "admin",
     description = "Reads the config file the server was started with again (as `kill -HUP` does) and applies its nodes: per model, nodes added, removed, reweighted or given another `max_in_flight`. Requests already on a node finish there, even on one removed; nodes that stay keep their state. Other changed settings are listed in `restart_required` and not applied. A file that fails to load or validate changes nothing.",
-    responses((status = 200, body = Reloaded), (status = 401, body = crate::openapi::ErrorEnvelopeDoc), (status = 422, description = "`invalid_config`: the file does not load or validate (the message names the problem), or the server was not started from a file; nothing was changed.", body = crate::openapi::ErrorEnvelopeDoc)),
+    responses((status = 200, body = Reloaded), (status = 401, body = crate::http::openapi::ErrorEnvelopeDoc), (status = 422, description = "`invalid_config`: the file does not load or validate (the message names the problem), or the server was not started from a file; nothing was changed.", body = crate::http::openapi::ErrorEnvelopeDoc)),
     security(("admin" = [])))]
 pub async fn reload(State(state): State<AppState>) -> Result<Json<Reloaded>, ApiError> {
     crate::reload::reload(&state)

@@ -7,8 +7,8 @@ use axum::response::{IntoResponse, Response};
 
 use crate::contract::{IDEMPOTENCY_KEY, PREFER, PREFERENCE_APPLIED};
 use crate::error::ApiError;
+use crate::http::routes::job_view::JobView;
 use crate::jobs::submit::Submitted;
-use crate::jobs::view::JobView;
 use crate::state::AppState;
 
 /// The longest `Idempotency-Key` kept.
