@@ -71,7 +71,7 @@ def source_constant(path: str, pattern: str, what: str) -> int:
 
 
 def default_fn(name: str) -> int:
-    return source_constant("src/config.rs", rf"fn {name}\(\) -> \w+ \{{\s*([\d_]+)\s*\}}", name)
+    return source_constant("src/config/schema.rs", rf"fn {name}\(\) -> \w+ \{{\s*([\d_]+)\s*\}}", name)
 
 
 DEFAULT_SHUTDOWN_GRACE_MS = default_fn("default_shutdown_grace_ms")

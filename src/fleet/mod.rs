@@ -30,7 +30,7 @@ pub use ejection::{DownReason, Health};
 pub use load::Reported;
 pub use model::{Model, NoNode};
 pub use node::{InFlight, Node};
-pub use prefix::{Affinity, Decision, PREFIX_BLOCK_BYTES, PromptStart};
+pub use prefix::{Affinity, Decision, PromptStart};
 pub use sleep::Sleep;
 
 use crate::config::Config;

@@ -25,8 +25,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Bytes per hashed block of a text prompt.
-pub const PREFIX_BLOCK_BYTES: usize = 256;
+use crate::config::PREFIX_BLOCK_BYTES;
+
 /// Token ids count as this many bytes each (a BPE token averages about 4 bytes of
 /// English), so a text prompt and its token ids are keyed on about the same prefix.
 pub const BYTES_PER_ID: usize = 4;

@@ -19,7 +19,7 @@
 --   rate    STRING                             GCRA theoretical arrival time (µs)
 -- Time is Redis's own clock (TIME), shared by all replicas.
 
--- Reply codes (first element of every reply); mirrored in redis.rs.
+-- Reply codes (first element of every reply); mirrored in limiter.rs.
 local RUNNING, QUEUED, RATE_LIMITED, QUEUE_FULL, BUDGET, SEED, WAIT, GONE, DONE =
   0, 1, 2, 3, 4, 5, 6, 7, 8
 

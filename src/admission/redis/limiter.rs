@@ -1,11 +1,11 @@
-//! The shared limiter: the counters live in Redis, so every gateway replica enforces one
-//! set of limits per key. Same semantics as [`LocalLimiter`](super::local::LocalLimiter).
+//! [`RedisLimiter`], the shared limiter: the counters live in Redis, so every gateway
+//! replica enforces one set of limits per key.
 //!
 //! Every decision is one Lua script (EVALSHA; loaded again by itself after a Redis
 //! restart), so it is atomic across replicas and costs one round trip; "now" is Redis's
 //! own clock (`TIME`), shared by all replicas. The scripts run on a connection of their
 //! own per runtime ([`wire`]), the rest (seeding, the journal, the subscription) on the
-//! `redis` crate's.
+//! `redis` crate's; `connection.rs` keeps both kinds, the subscription is `wakeups.rs`'s.
 //!
 //! # Data layout
 //!
@@ -27,7 +27,7 @@
 //!
 //! Wake-ups go over the pub/sub channel `P:wake` (payload: the key id), published when a
 //! slot or queue place frees while somebody waits in the key's queue; each limiter holds
-//! one subscription and wakes its local waiters of that key.
+//! one subscription and wakes its local waiters of that key (`wakeups.rs`).
 //!
 //! # Leases
 //!
@@ -38,7 +38,7 @@
 //! crashed replica come back within seconds by themselves, and a dead waiter at the head
 //! of a queue blocks nobody for longer. The gateway calls [`Limiter::renew`] for each
 //! live request at least every third of the lease (one task for all of them, see
-//! [`renewals`](super::renewals)); a waiter inside [`Limiter::wait_turn`] checks
+//! [`renewals`](crate::admission::renewals)); a waiter inside [`Limiter::wait_turn`] checks
 //! (and so keeps its place) at least every quarter of the queue TTL.
 //!
 //! A lapsed slot's reservation is kept aside (`'~'..lease` in `grants`) for two more
@@ -88,24 +88,20 @@
 //!   miss it until the counter is next rebuilt.
 
 use rustc_hash::FxHashMap;
-use std::future::Future;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use ::redis::{Client, RedisError, RedisResult};
 use async_trait::async_trait;
-use futures_util::StreamExt as _;
-use tokio::runtime::{Handle, Id as RuntimeId};
-use tokio::sync::Notify;
-use tokio::task::AbortHandle;
 
-pub mod journal;
-mod wire;
-
-use super::{Admitted, Cost, Denial, Grant, KeyLimits, Lease, Limiter, Month, Usage, UsageSource};
-use super::{QUEUE_FULL_RETRY_AFTER, QUEUE_PLACE_GONE};
-use crate::backoff::Backoff;
+use super::connection::{Connections, InvalidRedisUrl};
+use super::journal;
+use super::options::RedisLimiterOptions;
+use super::wakeups::Wakeups;
+use super::wire;
+use crate::admission::{
+    Admitted, Cost, Denial, Grant, KeyLimits, Lease, Limiter, Month, QUEUE_FULL_RETRY_AFTER,
+    QUEUE_PLACE_GONE, Usage, UsageSource,
+};
 use crate::store::UsageRow;
 
 /// How long the reservation of a lapsed slot keeps counting (`LAPSED_KEEP_US` in
@@ -113,10 +109,6 @@ use crate::store::UsageRow;
 pub const LAPSED_KEEP: Duration = Duration::from_secs(120);
 /// How long a used counter lives past the end of its month.
 pub const COUNTER_TTL_PAST_MONTH: Duration = Duration::from_secs(40 * 24 * 3600);
-/// How often the subscription connection is checked with a PING.
-const SUBSCRIPTION_PING: Duration = Duration::from_secs(5);
-/// The longest pause between two attempts to resubscribe.
-const RESUBSCRIBE_MAX_PAUSE: Duration = Duration::from_secs(5);
 /// Seeding attempts per call before giving up (a counter vanishing again at once).
 const MAX_SEEDS: u32 = 3;
 /// Largest number passed to the scripts: Lua numbers are doubles, exact up to 2^53.
@@ -135,79 +127,23 @@ const DONE: i64 = 8;
 
 macro_rules! script {
     ($file:literal) => {
-        wire::Script::new(concat!(
-            include_str!("redis/common.lua"),
-            include_str!(concat!("redis/", $file))
-        ))
+        wire::Script::new(concat!(include_str!("common.lua"), include_str!($file)))
     };
 }
 
-/// Tuning of [`RedisLimiter`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RedisLimiterOptions {
-    /// How long a running slot outlives its last renewal (renewed every third of it).
-    /// Its reservation outlives it by two minutes more, for a late settlement.
-    pub lease_ttl: Duration,
-    /// How long a queue place outlives its waiter's last check; a waiter checks at
-    /// least every quarter of it, so a crashed replica's places are gone within this.
-    pub queue_ttl: Duration,
-    /// Longest wait for one Redis reply.
-    pub call_timeout: Duration,
-    /// Longest wait for a connection to Redis.
-    pub connect_timeout: Duration,
-    /// How often a waiter re-checks its turn without a wake-up message.
-    pub poll_interval: Duration,
-}
-
-impl Default for RedisLimiterOptions {
-    fn default() -> Self {
-        Self {
-            lease_ttl: Duration::from_secs(2),
-            queue_ttl: Duration::from_secs(2),
-            call_timeout: Duration::from_millis(500),
-            connect_timeout: Duration::from_secs(1),
-            poll_interval: Duration::from_millis(250),
-        }
-    }
-}
-
-/// The Redis URL could not be parsed (the only construction error).
-#[derive(Debug, thiserror::Error)]
-#[error("invalid Redis URL: {0}")]
-pub struct InvalidRedisUrl(String);
-
 pub struct RedisLimiter {
-    client: Client,
-    config: ConnectionManagerConfig,
-    /// Where the scripts' connections ([`wire::Pipe`]) connect to.
-    endpoint: Arc<wire::Endpoint>,
-    /// Created on first use (it needs the Tokio runtime); reconnects by itself, and is
-    /// replaced after a failure.
-    connection: Mutex<Connections>,
+    /// The scripts run on these, and so do the journal's steps (`journal_store.rs`).
+    pub(super) connections: Connections,
     prefix: String,
     channel: String,
     source: Arc<dyn UsageSource>,
     options: RedisLimiterOptions,
     scripts: Scripts,
-    hub: Arc<Hub>,
+    wakeups: Wakeups,
     /// See [`RedisLimiter::keys`].
     names: Mutex<FxHashMap<i64, Arc<Keys>>>,
-    /// The subscription task, started by the first waiter.
-    subscriber: OnceLock<AbortHandle>,
-    journal: journal::JournalKeys,
-}
-
-/// One connection per runtime: a connection's replies are read by a task on the
-/// runtime that made it, and each connection thread is a runtime of its own
-/// (`connections/lanes.rs`), so a call from another would wait for that thread to
-/// wake it, twice per round trip.
-#[derive(Default)]
-struct Connections {
-    generation: u64,
-    /// The runtime, the connection's generation, the connection.
-    made: Vec<(Option<RuntimeId>, u64, ConnectionManager)>,
-    /// The same for the scripts' connections.
-    pipes: Vec<(Option<RuntimeId>, u64, wire::Pipe)>,
+    /// Where `finish.lua` journals a settled row, and `journal_store.rs` looks after it.
+    pub(super) journal: journal::JournalKeys,
 }
 
 struct Scripts {
@@ -254,21 +190,13 @@ impl RedisLimiter {
         source: Arc<dyn UsageSource>,
         options: RedisLimiterOptions,
     ) -> Result<Self, InvalidRedisUrl> {
-        let client = Client::open(url).map_err(|e| InvalidRedisUrl(e.to_string()))?;
-        let endpoint = wire::Endpoint::of(client.get_connection_info(), options.connect_timeout)
-            .ok_or_else(|| InvalidRedisUrl("TLS connections are not supported".to_owned()))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(options.connect_timeout))
-            .set_response_timeout(Some(options.call_timeout))
-            // One attempt per reconnection; the next call starts another.
-            .set_number_of_retries(0);
+        let connections = Connections::new(url, options)?;
+        let channel = format!("{key_prefix}:wake");
         Ok(Self {
-            client,
-            config,
-            endpoint: Arc::new(endpoint),
-            connection: Mutex::new(Connections::default()),
+            wakeups: Wakeups::new(connections.client().clone(), channel.clone(), options),
+            connections,
             prefix: key_prefix.to_owned(),
-            channel: format!("{key_prefix}:wake"),
+            channel,
             source,
             options,
             scripts: Scripts {
@@ -280,9 +208,7 @@ impl RedisLimiter {
                 usage: script!("usage.lua"),
                 occupancy: script!("occupancy.lua"),
             },
-            hub: Arc::new(Hub::default()),
             names: Mutex::new(FxHashMap::default()),
-            subscriber: OnceLock::new(),
             journal: journal::JournalKeys::new(key_prefix),
         })
     }
@@ -310,106 +236,6 @@ impl RedisLimiter {
     pub fn counter_key(&self, key: i64, month: Month) -> String {
         format!("{}:{{{key}}}:used:{month}", self.prefix)
     }
-
-    /// The calling runtime's connection, with its generation (for
-    /// [`RedisLimiter::discard`]).
-    fn connection(&self) -> Result<(u64, ConnectionManager), Denial> {
-        let mut slot = self.connection.lock().unwrap_or_else(|p| p.into_inner());
-        let slot = &mut *slot;
-        this_runtimes(&mut slot.generation, &mut slot.made, || {
-            ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
-                .map_err(|e| unavailable("connection setup", &e))
-        })
-    }
-
-    /// Drops a connection that failed, so the next call starts a fresh one. (The manager
-    /// reconnects by itself only after I/O errors; a connection attempt that failed
-    /// otherwise, say on a garbled handshake, would stay failed.)
-    fn discard(&self, generation: u64) {
-        let mut slot = self.connection.lock().unwrap_or_else(|p| p.into_inner());
-        slot.made.retain(|(_, made, _)| *made != generation);
-        slot.pipes.retain(|(_, made, _)| *made != generation);
-    }
-
-    /// The calling runtime's connection for scripts, with its generation; opened (in
-    /// the background) on first use.
-    fn pipe(&self) -> (u64, wire::Pipe) {
-        let mut slot = self.connection.lock().unwrap_or_else(|p| p.into_inner());
-        let slot = &mut *slot;
-        let Ok(opened) = this_runtimes(&mut slot.generation, &mut slot.pipes, || {
-            Ok::<_, std::convert::Infallible>(wire::Pipe::open(Arc::clone(&self.endpoint)))
-        });
-        opened
-    }
-
-    /// Runs one Redis call on the shared connection, bounded in time; any failure is
-    /// `Unavailable`.
-    async fn call<T, F>(
-        &self,
-        what: &str,
-        run: impl FnOnce(ConnectionManager) -> F,
-    ) -> Result<T, Denial>
-    where
-        F: Future<Output = RedisResult<T>>,
-    {
-        let (generation, connection) = self.connection()?;
-        let bound = self.call_bound();
-        let failure = match tokio::time::timeout(bound, run(connection)).await {
-            Ok(Ok(reply)) => return Ok(reply),
-            Ok(Err(e)) => unavailable(what, &e),
-            Err(_) => Denial::Unavailable(format!(
-                "redis {what}: no answer within {} ms",
-                bound.as_millis()
-            )),
-        };
-        self.discard(generation);
-        Err(failure)
-    }
-
-    /// The longest any one call may take: a connection attempt, then a script (and its
-    /// reload after a Redis restart).
-    fn call_bound(&self) -> Duration {
-        self.options.connect_timeout + 2 * self.options.call_timeout
-    }
-
-    /// Runs a script on the calling runtime's script connection: each request bounded
-    /// by the call timeout (and the connect timeout while the connection is not up yet),
-    /// the script loaded and run again if Redis does not know it. Any failure is
-    /// `Unavailable`, and drops the connection.
-    async fn invoke(&self, what: &str, call: &wire::ScriptCall<'_>) -> Result<Vec<i64>, Denial> {
-        let (generation, pipe) = self.pipe();
-        let outcome = match self.request(&pipe, call.request()).await {
-            Ok(wire::Reply::Error(e)) if e.starts_with("NOSCRIPT") => {
-                match self.request(&pipe, call.script().load_request()).await {
-                    Ok(wire::Reply::Error(e)) => Err(e),
-                    Ok(_) => self.request(&pipe, call.request()).await,
-                    Err(e) => Err(e),
-                }
-            }
-            other => other,
-        };
-        let failure = match outcome {
-            Ok(wire::Reply::Ints(reply)) => return Ok(reply),
-            Ok(wire::Reply::Error(e)) => e,
-            Ok(_) => "an unexpected reply to a limiter script".to_owned(),
-            Err(e) => e,
-        };
-        self.discard(generation);
-        Err(unavailable_because(what, &failure))
-    }
-
-    /// One request on `pipe`, bounded in time.
-    async fn request(&self, pipe: &wire::Pipe, bytes: Vec<u8>) -> Result<wire::Reply, String> {
-        let mut bound = self.options.call_timeout;
-        if !pipe.connected() {
-            bound += self.options.connect_timeout;
-        }
-        match tokio::time::timeout(bound, pipe.request(bytes)).await {
-            Ok(reply) => reply,
-            Err(_) => Err(format!("no answer within {} ms", bound.as_millis())),
-        }
-    }
-
     /// Initialises a missing used counter from the ledger (never overwriting one that
     /// another replica set meanwhile).
     async fn seed(&self, key: i64, month: Month) -> Result<(), Denial> {
@@ -431,10 +257,11 @@ impl RedisLimiter {
             .arg("NX")
             .arg("EX")
             .arg(ttl);
-        self.call("seed", |mut connection| async move {
-            set.query_async::<::redis::Value>(&mut connection).await
-        })
-        .await?;
+        self.connections
+            .call("seed", |mut connection| async move {
+                set.query_async::<::redis::Value>(&mut connection).await
+            })
+            .await?;
         Ok(())
     }
 
@@ -492,7 +319,7 @@ impl RedisLimiter {
             .arg(limits.max_concurrent);
         self.start_args(&mut invocation, &k, limits, cost, lease, month);
         invocation.arg(self.queue_ttl_ms());
-        let reply = self.invoke("wait_turn", &invocation).await?;
+        let reply = self.connections.invoke("wait_turn", &invocation).await?;
         match code(&reply) {
             WAIT => Ok(Turn::Wait),
             SEED => Ok(Turn::Seed),
@@ -531,29 +358,8 @@ impl RedisLimiter {
                 .arg(&self.journal.writer)
                 .arg(journal::encode(row));
         }
-        let reply = self.invoke("finish", &invocation).await?;
+        let reply = self.connections.invoke("finish", &invocation).await?;
         done(&reply)
-    }
-
-    /// Starts the subscription task (once), which wakes local waiters on a message.
-    fn subscribe(&self) {
-        self.subscriber.get_or_init(|| {
-            tokio::spawn(subscription(
-                self.client.clone(),
-                self.channel.clone(),
-                Arc::downgrade(&self.hub),
-                self.options,
-            ))
-            .abort_handle()
-        });
-    }
-}
-
-impl Drop for RedisLimiter {
-    fn drop(&mut self) {
-        if let Some(task) = self.subscriber.get() {
-            task.abort();
-        }
     }
 }
 
@@ -587,7 +393,7 @@ impl Limiter for RedisLimiter {
                 .arg(limits.max_queued);
             self.start_args(&mut invocation, &k, limits, cost, lease, month);
             invocation.arg(self.queue_ttl_ms());
-            let reply = self.invoke("admit", &invocation).await?;
+            let reply = self.connections.invoke("admit", &invocation).await?;
             match code(&reply) {
                 SEED => self.seed(key, month).await?,
                 QUEUED => return Ok(Admitted::Queued),
@@ -614,12 +420,11 @@ impl Limiter for RedisLimiter {
         cost: &Cost,
         lease: &Lease,
     ) -> Result<Grant, Denial> {
-        self.subscribe();
-        let watch = Hub::watch(&self.hub, key);
+        let watch = self.wakeups.watch(key);
         let mut seeds = 0;
         loop {
             // Registered before the check, so a wake-up during it is not lost.
-            let notified = watch.notify.notified();
+            let notified = watch.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             let month = Month::now();
@@ -643,6 +448,7 @@ impl Limiter for RedisLimiter {
     async fn leave(&self, key: i64, lease: &Lease) -> Result<(), Denial> {
         let k = self.keys(key);
         let reply = self
+            .connections
             .invoke(
                 "leave",
                 self.scripts
@@ -684,6 +490,7 @@ impl Limiter for RedisLimiter {
     async fn renew(&self, key: i64, lease: &Lease) -> Result<(), Denial> {
         let k = self.keys(key);
         let reply = self
+            .connections
             .invoke(
                 "renew",
                 self.scripts
@@ -710,6 +517,7 @@ impl Limiter for RedisLimiter {
         let k = self.keys(key);
         for _ in 0..=MAX_SEEDS {
             let reply = self
+                .connections
                 .invoke(
                     "usage",
                     self.scripts
@@ -742,6 +550,7 @@ impl Limiter for RedisLimiter {
     async fn occupancy(&self, key: i64) -> Result<(u32, u32), Denial> {
         let k = self.keys(key);
         let reply = self
+            .connections
             .invoke(
                 "occupancy",
                 self.scripts
@@ -761,75 +570,11 @@ impl Limiter for RedisLimiter {
     }
 
     async fn ping(&self) -> Result<(), Denial> {
-        self.call("ping", |mut c| async move {
-            ::redis::cmd("PING").query_async::<()>(&mut c).await
-        })
-        .await
-    }
-}
-
-#[async_trait]
-impl journal::JournalStore for RedisLimiter {
-    async fn beat(&self) -> Result<(), Denial> {
-        let mut set = ::redis::cmd("SET");
-        set.arg(self.journal.alive(&self.journal.writer))
-            .arg(1)
-            .arg("PX")
-            .arg(journal::ALIVE_TTL.as_millis() as u64);
-        self.call("journal heartbeat", |mut c| async move {
-            set.query_async::<()>(&mut c).await
-        })
-        .await
-    }
-
-    async fn writers(&self) -> Result<Vec<String>, Denial> {
-        let mut members = ::redis::cmd("SMEMBERS");
-        members.arg(&self.journal.writers);
-        self.call("journal writers", |mut c| async move {
-            members.query_async(&mut c).await
-        })
-        .await
-    }
-
-    async fn adopt_from(&self, writer: &str) -> Result<Vec<String>, Denial> {
-        let mut step = self.journal.adopt_script().prepare_invoke();
-        step.key(self.journal.journal_of(writer))
-            .key(&self.journal.own)
-            .key(&self.journal.writers)
-            .key(self.journal.alive(writer))
-            .arg(writer)
-            .arg(&self.journal.writer)
-            .arg(journal::ADOPT_BATCH);
-        self.call("journal adopt", |mut c| async move {
-            step.invoke_async(&mut c).await
-        })
-        .await
-    }
-
-    async fn scan_own(&self, cursor: u64) -> Result<(u64, Vec<String>), Denial> {
-        let mut scan = ::redis::cmd("HSCAN");
-        scan.arg(&self.journal.own)
-            .arg(cursor)
-            .arg("COUNT")
-            .arg(journal::ADOPT_BATCH);
-        self.call("journal sweep", |mut c| async move {
-            scan.query_async(&mut c).await
-        })
-        .await
-    }
-
-    async fn forget(&self, request_ids: Vec<String>) -> Result<(), Denial> {
-        let mut hdel = ::redis::cmd("HDEL");
-        hdel.arg(&self.journal.own).arg(&request_ids);
-        self.call("journal forget", |mut c| async move {
-            hdel.query_async::<u64>(&mut c).await
-        })
-        .await
-        .map(drop)
-    }
-
-    fn writer(&self) -> &str {
-        &self.journal.writer
+        self.connections
+            .call("ping", |mut c| async move {
+                ::redis::cmd("PING").query_async::<()>(&mut c).await
+            })
+            .await
     }
 }
 
@@ -873,153 +618,6 @@ fn start_reply(reply: &[i64], limits: &KeyLimits, month: Month) -> Result<Grant,
     }
 }
 
-fn unavailable(what: &str, error: &RedisError) -> Denial {
-    unavailable_because(what, &error.to_string())
-}
-
-/// `Unavailable`, saying what failed and why on one line.
-fn unavailable_because(what: &str, why: &str) -> Denial {
-    Denial::Unavailable(format!(
-        "redis {what}: {}",
-        why.split_whitespace().collect::<Vec<_>>().join(" ")
-    ))
-}
-
-/// The calling runtime's entry of `made` (see [`Connections`]), made by `make` with the
-/// next generation when it has none yet.
-fn this_runtimes<T: Clone, E>(
-    generation: &mut u64,
-    made: &mut Vec<(Option<RuntimeId>, u64, T)>,
-    make: impl FnOnce() -> Result<T, E>,
-) -> Result<(u64, T), E> {
-    let runtime = Handle::try_current().ok().map(|h| h.id());
-    if let Some((_, made_in, connection)) = made.iter().find(|(r, ..)| *r == runtime) {
-        return Ok((*made_in, connection.clone()));
-    }
-    let connection = make()?;
-    *generation += 1;
-    made.push((runtime, *generation, connection.clone()));
-    Ok((*generation, connection))
-}
-
 fn seed_failed() -> Denial {
     Denial::Unavailable("redis: the used-tokens counter could not be seeded".to_owned())
-}
-
-/// The local waiters per key, woken by the subscription.
-#[derive(Default)]
-struct Hub {
-    keys: Mutex<FxHashMap<i64, (Arc<Notify>, usize)>>,
-}
-
-/// A waiter's registration with the hub; unregisters when dropped.
-struct Watch {
-    hub: Arc<Hub>,
-    key: i64,
-    notify: Arc<Notify>,
-}
-
-impl Hub {
-    fn lock(&self) -> std::sync::MutexGuard<'_, FxHashMap<i64, (Arc<Notify>, usize)>> {
-        self.keys.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn watch(hub: &Arc<Self>, key: i64) -> Watch {
-        let mut keys = hub.lock();
-        let entry = keys
-            .entry(key)
-            .or_insert_with(|| (Arc::new(Notify::new()), 0));
-        entry.1 += 1;
-        Watch {
-            hub: Arc::clone(hub),
-            key,
-            notify: Arc::clone(&entry.0),
-        }
-    }
-
-    fn wake(&self, key: i64) {
-        if let Some((notify, _)) = self.lock().get(&key) {
-            notify.notify_waiters();
-        }
-    }
-
-    fn wake_all(&self) {
-        for (notify, _) in self.lock().values() {
-            notify.notify_waiters();
-        }
-    }
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        let mut keys = self.hub.lock();
-        if let Some(entry) = keys.get_mut(&self.key) {
-            entry.1 -= 1;
-            if entry.1 == 0 {
-                keys.remove(&self.key);
-            }
-        }
-    }
-}
-
-/// Holds one subscription to the wake-up channel for as long as the limiter lives,
-/// resubscribing after a failure; wakes every local waiter after each (re)subscription,
-/// since messages may have been missed meanwhile.
-async fn subscription(
-    client: Client,
-    channel: String,
-    hub: Weak<Hub>,
-    options: RedisLimiterOptions,
-) {
-    let mut pauses = Backoff::new(options.poll_interval, RESUBSCRIBE_MAX_PAUSE).pauses();
-    loop {
-        let connect = async {
-            let mut pubsub = client.get_async_pubsub().await?;
-            pubsub.subscribe(&channel).await?;
-            Ok::<_, RedisError>(pubsub)
-        };
-        let bound = options.connect_timeout + options.call_timeout;
-        match tokio::time::timeout(bound, connect).await {
-            Ok(Ok(pubsub)) => {
-                pauses.reset();
-                let Some(live) = hub.upgrade() else { return };
-                live.wake_all();
-                drop(live);
-                let (mut sink, mut messages) = pubsub.split();
-                let mut ping = tokio::time::interval(SUBSCRIPTION_PING);
-                ping.tick().await;
-                loop {
-                    tokio::select! {
-                        message = messages.next() => {
-                            let Some(message) = message else { break };
-                            let Some(live) = hub.upgrade() else { return };
-                            if let Ok(key) = message.get_payload::<i64>() {
-                                live.wake(key);
-                            }
-                        }
-                        _ = ping.tick() => {
-                            if hub.strong_count() == 0 {
-                                return;
-                            }
-                            let pong = tokio::time::timeout(
-                                options.call_timeout,
-                                sink.ping::<::redis::Value>(),
-                            )
-                            .await;
-                            if !matches!(pong, Ok(Ok(_))) {
-                                break;
-                            }
-                        }
-                    }
-                }
-                tracing::debug!("redis limiter: wake-up subscription lost; resubscribing");
-            }
-            Ok(Err(e)) => tracing::debug!(error = %e, "redis limiter: cannot subscribe"),
-            Err(_) => tracing::debug!("redis limiter: subscribing timed out"),
-        }
-        if hub.strong_count() == 0 {
-            return;
-        }
-        tokio::time::sleep(pauses.next_pause()).await;
-    }
 }

@@ -1,0 +1,400 @@
+//! The configuration's schema: the settings as serde reads them, each with its default,
+//! and unknown keys refused. The top level and its small sections are here; `[fleet]`
+//! with `[[models]]` and `[jobs]` have files of their own (`fleet.rs`, `jobs.rs`). What
+//! serde cannot check (bounds, rules across settings) is `validate.rs`'s.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::fleet::{FleetSettings, ModelConfig};
+use super::jobs::JobSettings;
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Address the gateway listens on.
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// A second listener with only `/metrics`, `/health`, `/ready` and `/live`, e.g. on an
+    /// internal interface for the scraper (both stay on `listen` too).
+    #[serde(default)]
+    pub ops_listen: Option<SocketAddr>,
+    /// `sqlite://path/file.db` (created if missing) or `postgres://user@host/db`. A
+    /// relative SQLite path is relative to the config file's directory, not to where
+    /// the command runs, so `serve` and `keys` always open the same file.
+    #[serde(default = "default_database_url")]
+    pub database_url: String,
+    /// Largest accepted request body; larger ones get 413.
+    #[serde(default = "default_max_body_bytes")]
+    pub max_body_bytes: usize,
+    /// On SIGTERM/Ctrl-C, how long in-flight requests may take to finish before their
+    /// connections are closed (usage and the request log are written either way).
+    #[serde(default = "default_shutdown_grace_ms")]
+    pub shutdown_grace_ms: u64,
+    /// Log format: `text` for people, `json` for machines.
+    #[serde(default)]
+    pub log_format: LogFormat,
+    /// Client connections: how many may be open, how long a request head and body
+    /// may take to arrive.
+    #[serde(default)]
+    pub connections: ConnectionSettings,
+    #[serde(default)]
+    pub upstream: UpstreamSettings,
+    /// Health probing, ejection, the fleet queue and the request window.
+    #[serde(default)]
+    pub fleet: FleetSettings,
+    /// Default per-key limits; a key may override each of them.
+    #[serde(default)]
+    pub limits: LimitDefaults,
+    /// Shared live counters for several replicas (`redis://host:6379/0`). Without it the
+    /// counters live in this process, which is exact for a single replica only.
+    #[serde(default)]
+    pub redis_url: Option<String>,
+    /// Prefix of every Redis key fleetgate writes, so deployments can share a server.
+    #[serde(default = "default_redis_key_prefix")]
+    pub redis_key_prefix: String,
+    /// Bearer token for the `/admin` API; without it the admin API is off (404).
+    #[serde(default)]
+    pub admin_token: Option<AdminToken>,
+    /// OpenTelemetry traces, exported over OTLP; off unless `otlp_endpoint` is set.
+    #[serde(default)]
+    pub traces: TraceSettings,
+    /// The Workbench and Loom: how long their recovery checkpoints are kept.
+    #[serde(default)]
+    pub workbench: WorkbenchSettings,
+    /// Completion jobs: workers, long-polls, retention.
+    #[serde(default)]
+    pub jobs: JobSettings,
+    pub models: Vec<ModelConfig>,
+    /// The file this was loaded from, which a reload reads again (`reload.rs`); `None`
+    /// for a config built from a string.
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
+}
+
+impl Config {
+    /// Index of the default model (validated to exist).
+    pub fn default_model_index(&self) -> usize {
+        self.models.iter().position(|m| m.default).unwrap_or(0)
+    }
+}
+
+/// The Workbench and Loom (`src/workbench`). Saved prompts, runs and trees stay until
+/// deleted; a run not yet saved is a recovery checkpoint, kept this long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkbenchSettings {
+    /// Seconds a recovery checkpoint lives after it was written (the Privacy section of
+    /// the API reference promises seven days).
+    #[serde(default = "default_checkpoint_ttl_secs")]
+    pub checkpoint_ttl_secs: u64,
+    /// Seconds between two sweeps that delete expired checkpoints. (An expired one is
+    /// invisible at once; the sweep only frees its storage.)
+    #[serde(default = "default_checkpoint_sweep_secs")]
+    pub checkpoint_sweep_secs: u64,
+}
+
+impl Default for WorkbenchSettings {
+    fn default() -> Self {
+        Self {
+            checkpoint_ttl_secs: default_checkpoint_ttl_secs(),
+            checkpoint_sweep_secs: default_checkpoint_sweep_secs(),
+        }
+    }
+}
+
+/// Where and how much of the request path is traced (`src/traces.rs`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TraceSettings {
+    /// The collector's OTLP/HTTP base URL, e.g. `http://otel-collector:4318`; spans go to
+    /// `{otlp_endpoint}/v1/traces` as protobuf. Without it nothing is traced or exported
+    /// and no `traceparent` is sent to the nodes.
+    #[serde(default)]
+    pub otlp_endpoint: Option<String>,
+    /// `service.name` of the exported spans.
+    #[serde(default = "default_service_name")]
+    pub service_name: String,
+    /// Share of new traces kept, 0 to 1. A request that arrives with a `traceparent`
+    /// follows its sampled flag instead (parent-based sampling), so a trace is kept or
+    /// dropped whole across client, gateway and vLLM.
+    #[serde(default = "default_sample_ratio")]
+    pub sample_ratio: f64,
+}
+
+impl Default for TraceSettings {
+    fn default() -> Self {
+        Self {
+            otlp_endpoint: None,
+            service_name: default_service_name(),
+            sample_ratio: default_sample_ratio(),
+        }
+    }
+}
+
+impl TraceSettings {
+    /// Whether requests are traced (an endpoint is configured).
+    pub fn enabled(&self) -> bool {
+        self.otlp_endpoint.is_some()
+    }
+}
+
+/// Limits every key gets unless it overrides them.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitDefaults {
+    /// `false` turns admission off: no budget, rate or queue is enforced (usage is
+    /// still metered into the ledger).
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Prompt + completion tokens per calendar month (UTC), reset on the 1st. The name
+    /// of the CLI flag, the admin API and `/v1/usage`; the old `monthly_budget_tokens`
+    /// is still read.
+    #[serde(default = "default_monthly_budget", alias = "monthly_budget_tokens")]
+    pub monthly_budget: u64,
+    /// Request starts per minute (bursts up to this many allowed).
+    #[serde(default = "default_rpm")]
+    pub requests_per_minute: u32,
+    /// Requests running at once per key.
+    #[serde(default = "default_max_concurrent")]
+    pub max_concurrent: u32,
+    /// Requests waiting per key beyond the running ones; more get 429 `queue_full`.
+    #[serde(default = "default_max_queued")]
+    pub max_queued: u32,
+}
+
+impl Default for LimitDefaults {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            monthly_budget: default_monthly_budget(),
+            requests_per_minute: default_rpm(),
+            max_concurrent: default_max_concurrent(),
+            max_queued: default_max_queued(),
+        }
+    }
+}
+
+/// The admin API's bearer token; never printed.
+#[derive(Clone, PartialEq, Deserialize)]
+#[serde(transparent)]
+pub struct AdminToken(String);
+
+impl AdminToken {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(…)")
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// What a client connection may take: a slow or silent client must not hold a socket,
+/// a task and memory for as long as it likes.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectionSettings {
+    /// Client connections open at once; a connection beyond is closed as soon as it is
+    /// accepted (counted in `/metrics`, logged).
+    #[serde(default = "default_max_open_connections")]
+    pub max_open: usize,
+    /// A request's head (start line and headers) must have arrived this long after the
+    /// connection opened or its previous response ended, else the connection is closed;
+    /// so this is also how long an idle keep-alive connection is kept (HTTP/1).
+    #[serde(default = "default_header_read_timeout_ms")]
+    pub header_read_timeout_ms: u64,
+    /// A request's body must have arrived this long after its head was read, else
+    /// 408 `request_timeout`.
+    #[serde(default = "default_body_read_timeout_ms")]
+    pub body_read_timeout_ms: u64,
+    /// Connection threads: each serves the connections given to it (a new one goes to
+    /// the thread with the fewest open) on a single-threaded runtime of its own, so that
+    /// a request never waits for a hand-off between threads. `0` serves them on the
+    /// process's shared worker threads instead. Default: one per CPU.
+    #[serde(default = "default_connection_threads")]
+    pub threads: usize,
+}
+
+impl Default for ConnectionSettings {
+    fn default() -> Self {
+        Self {
+            max_open: default_max_open_connections(),
+            header_read_timeout_ms: default_header_read_timeout_ms(),
+            body_read_timeout_ms: default_body_read_timeout_ms(),
+            threads: default_connection_threads(),
+        }
+    }
+}
+
+/// How fleetgate talks to the vLLM servers.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamSettings {
+    /// Time allowed to open a TCP connection to an upstream.
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// Pooled connections idle longer than this are closed. vLLM (uvicorn) closes idle
+    /// keep-alive connections after 5 s; staying below avoids reusing a connection the
+    /// server is closing (a reset on the next request).
+    #[serde(default = "default_pool_idle_timeout_ms")]
+    pub pool_idle_timeout_ms: u64,
+}
+
+impl Default for UpstreamSettings {
+    fn default() -> Self {
+        Self {
+            connect_timeout_ms: default_connect_timeout_ms(),
+            pool_idle_timeout_ms: default_pool_idle_timeout_ms(),
+        }
+    }
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8080))
+}
+fn default_database_url() -> String {
+    "sqlite://data/fleetgate.db".to_owned()
+}
+fn default_max_body_bytes() -> usize {
+    32 * 1024 * 1024
+}
+fn default_connect_timeout_ms() -> u64 {
+    2_000
+}
+fn default_pool_idle_timeout_ms() -> u64 {
+    3_000
+}
+fn default_shutdown_grace_ms() -> u64 {
+    30_000
+}
+fn default_max_open_connections() -> usize {
+    10_000
+}
+fn default_header_read_timeout_ms() -> u64 {
+    60_000
+}
+fn default_body_read_timeout_ms() -> u64 {
+    120_000
+}
+fn default_connection_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+}
+fn default_true() -> bool {
+    true
+}
+fn default_monthly_budget() -> u64 {
+    10_000_000
+}
+fn default_rpm() -> u32 {
+    600
+}
+fn default_max_concurrent() -> u32 {
+    16
+}
+fn default_max_queued() -> u32 {
+    64
+}
+fn default_redis_key_prefix() -> String {
+    "fleetgate".to_owned()
+}
+fn default_checkpoint_ttl_secs() -> u64 {
+    7 * 24 * 3600
+}
+fn default_checkpoint_sweep_secs() -> u64 {
+    3600
+}
+fn default_service_name() -> String {
+    "fleetgate".to_owned()
+}
+fn default_sample_ratio() -> f64 {
+    1.0
+}
+
+/// Also the config documents of `load.rs`'s and `validate.rs`'s tests.
+#[cfg(test)]
+pub(super) mod tests {
+    use figment::Figment;
+    use figment::providers::{Format, Toml};
+
+    use super::*;
+    use crate::config::fleet::Routing;
+
+    /// A config document with one model: `keys` under `[section]`, `model_keys` in the
+    /// model.
+    pub fn document(section: &str, keys: &str, model_keys: &str) -> String {
+        format!(
+            "[{section}]\n{keys}\n[[models]]\nid = \"m\"\n{model_keys}\n[[models.upstreams]]\nurl = \"http://127.0.0.1:1\"\ngpu = \"g\"\n"
+        )
+    }
+
+    /// `document` read into the schema alone: no environment, no validation.
+    pub fn parse(document: &str) -> Result<Config, String> {
+        Figment::from(Toml::string(document))
+            .extract()
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn routing_is_set_fleet_wide_and_overridden_per_model() {
+        let config = parse(&document(
+            "fleet",
+            "routing = \"load\"",
+            "routing = \"prefix\"",
+        ))
+        .unwrap();
+        assert_eq!(config.fleet.routing, Routing::Load);
+        assert_eq!(config.models[0].routing, Some(Routing::Prefix));
+        let defaults = parse(&document("fleet", "", "")).unwrap();
+        assert_eq!(
+            (defaults.fleet.routing, defaults.models[0].routing),
+            (Routing::Prefix, None)
+        );
+        let refused = parse(&document("fleet", "routing = \"random\"", ""))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(refused.contains("random"), "{refused}");
+    }
+
+    #[test]
+    fn connection_threads_default_to_one_per_cpu() {
+        let threads = |keys| {
+            parse(&document("connections", keys, ""))
+                .unwrap()
+                .connections
+                .threads
+        };
+        let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        assert_eq!(threads(""), cpus);
+        assert_eq!(threads("threads = 0"), 0);
+    }
+
+    #[test]
+    fn traces_are_off_by_default() {
+        let defaults = parse(&document("traces", "", "")).unwrap().traces;
+        assert!(!defaults.enabled());
+        assert_eq!(
+            (defaults.service_name.as_str(), defaults.sample_ratio),
+            ("fleetgate", 1.0)
+        );
+        let keys = "otlp_endpoint = \"http://collector:4318\"\nsample_ratio = 0.25";
+        assert!(
+            parse(&document("traces", keys, ""))
+                .unwrap()
+                .traces
+                .enabled()
+        );
+    }
+}

@@ -1,0 +1,342 @@
+//! Validation: the rules a loaded config must keep that its types cannot say — values of
+//! at least 1, upper bounds, unique model ids, http(s) URLs, settings that depend on
+//! each other. One function per section; the first broken rule is the error, naming
+//! the key it is about.
+
+use std::collections::HashSet;
+
+use super::fleet::{FleetSettings, ModelConfig, PREFIX_BLOCK_BYTES};
+use super::jobs::{self, JobSettings};
+use super::schema::{Config, ConnectionSettings, LimitDefaults, TraceSettings, WorkbenchSettings};
+use crate::contract::LOGPROBS_LIMIT;
+
+/// The most of a prompt's start that prefix routing hashes: 64 KiB.
+const MAX_PREFIX_BYTES: usize = 64 * 1024;
+
+/// The most prefixes prefix routing may remember per model: 16 Mi (128 MiB).
+const MAX_PREFIX_TRACKED: usize = 16 * 1024 * 1024;
+
+/// The longest duration any `*_ms` setting may have: 7 days.
+const MAX_DURATION_MS: u64 = 7 * 24 * 3_600_000;
+
+/// More connection threads than this is a typo, not a machine.
+const MAX_CONNECTION_THREADS: usize = 1024;
+
+impl Config {
+    /// The first rule this config breaks, said as the error.
+    pub(super) fn validate(&self) -> Result<(), String> {
+        workbench(&self.workbench)?;
+        self.top_level()?;
+        limits(&self.limits)?;
+        models(&self.models)?;
+        connections(&self.connections)?;
+        fleet(&self.fleet)?;
+        jobs(&self.jobs)?;
+        self.durations()?;
+        traces(&self.traces)
+    }
+
+    /// The keys outside any section.
+    fn top_level(&self) -> Result<(), String> {
+        if self.max_body_bytes == 0 {
+            return Err("max_body_bytes must be at least 1".into());
+        }
+        if self
+            .admin_token
+            .as_ref()
+            .is_some_and(|t| t.expose().len() < 16)
+        {
+            return Err("admin_token must be at least 16 characters".into());
+        }
+        Ok(())
+    }
+
+    /// Every `*_ms` setting, of whichever section, is at most [`MAX_DURATION_MS`].
+    fn durations(&self) -> Result<(), String> {
+        let connections = &self.connections;
+        let fleet = &self.fleet;
+        let durations = [
+            ("shutdown_grace_ms", self.shutdown_grace_ms),
+            (
+                "connections.header_read_timeout_ms",
+                connections.header_read_timeout_ms,
+            ),
+            (
+                "connections.body_read_timeout_ms",
+                connections.body_read_timeout_ms,
+            ),
+            ("fleet.probe_interval_ms", fleet.probe_interval_ms),
+            ("fleet.probe_timeout_ms", fleet.probe_timeout_ms),
+            ("fleet.eject_base_ms", fleet.eject_base_ms),
+            ("fleet.eject_max_ms", fleet.eject_max_ms),
+            ("fleet.queue_timeout_ms", fleet.queue_timeout_ms),
+            ("fleet.request_window_ms", fleet.request_window_ms),
+            ("fleet.keepalive_interval_ms", fleet.keepalive_interval_ms),
+        ]
+        .into_iter()
+        .chain(self.jobs.durations());
+        let model_durations = self.models.iter().flat_map(|m| {
+            [
+                ("models.boot_timeout_ms", m.boot_timeout_ms),
+                ("models.keep_warm_ms", m.keep_warm_ms),
+                ("models.idle_sleep_ms", m.idle_sleep_ms),
+            ]
+        });
+        for (name, ms) in durations.chain(model_durations) {
+            if ms > MAX_DURATION_MS {
+                return Err(format!(
+                    "{name} must be at most {MAX_DURATION_MS} (7 days; got {ms})"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn workbench(workbench: &WorkbenchSettings) -> Result<(), String> {
+    if workbench.checkpoint_sweep_secs == 0 {
+        return Err("workbench.checkpoint_sweep_secs must be at least 1".into());
+    }
+    if i64::try_from(workbench.checkpoint_ttl_secs).is_err() {
+        return Err("workbench.checkpoint_ttl_secs is too large".into());
+    }
+    Ok(())
+}
+
+fn limits(limits: &LimitDefaults) -> Result<(), String> {
+    if limits.requests_per_minute == 0 || limits.max_concurrent == 0 {
+        return Err(
+            "limits.requests_per_minute and limits.max_concurrent must be at least 1".into(),
+        );
+    }
+    Ok(())
+}
+
+/// `[[models]]`: at least one, ids unique, exactly one default, and each model's own
+/// settings and nodes.
+fn models(models: &[ModelConfig]) -> Result<(), String> {
+    if models.is_empty() {
+        return Err("at least one [[models]] entry is required".into());
+    }
+    let mut ids = HashSet::new();
+    for model in models {
+        if model.id.is_empty() {
+            return Err("models.id must not be empty".into());
+        }
+        if !ids.insert(model.id.as_str()) {
+            return Err(format!("models.id '{}' appears twice", model.id));
+        }
+        model_settings(model)?;
+    }
+    let defaults = models.iter().filter(|m| m.default).count();
+    // A single model is the default whether or not it says so.
+    if defaults != 1 && !(defaults == 0 && models.len() == 1) {
+        return Err(format!(
+            "exactly one model must have default = true (found {defaults})"
+        ));
+    }
+    Ok(())
+}
+
+/// One model's settings and nodes.
+fn model_settings(model: &ModelConfig) -> Result<(), String> {
+    if model.max_logprobs > LOGPROBS_LIMIT {
+        return Err(format!(
+            "models.max_logprobs of '{}' must be at most {LOGPROBS_LIMIT} (got {})",
+            model.id, model.max_logprobs
+        ));
+    }
+    if model.upstreams.is_empty() {
+        return Err(format!(
+            "model '{}' needs at least one [[models.upstreams]] entry",
+            model.id
+        ));
+    }
+    if !(model.decode_tokens_per_second.is_finite() && model.decode_tokens_per_second > 0.0) {
+        return Err(format!(
+            "models.decode_tokens_per_second of '{}' must be above 0",
+            model.id
+        ));
+    }
+    if model.sleep_url.is_some() && model.wake_url.is_none() {
+        return Err(format!(
+            "model '{}' has a sleep_url but no wake_url to wake it again",
+            model.id
+        ));
+    }
+    for hook in [&model.wake_url, &model.sleep_url].into_iter().flatten() {
+        if !is_http_url(hook) {
+            return Err(format!(
+                "models.wake_url/sleep_url of '{}' must be an http(s) URL (got '{hook}')",
+                model.id
+            ));
+        }
+    }
+    for upstream in &model.upstreams {
+        if upstream.max_in_flight == Some(0) {
+            return Err(format!(
+                "models.upstreams.max_in_flight of '{}' must be at least 1",
+                model.id
+            ));
+        }
+        if upstream.weight == 0 {
+            return Err(format!(
+                "models.upstreams.weight of '{}' must be at least 1",
+                model.id
+            ));
+        }
+        if !is_http_url(&upstream.url) {
+            return Err(format!(
+                "models.upstreams.url of '{}' must be an http(s) URL (got '{}')",
+                model.id, upstream.url
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn connections(connections: &ConnectionSettings) -> Result<(), String> {
+    if connections.max_open == 0
+        || connections.header_read_timeout_ms == 0
+        || connections.body_read_timeout_ms == 0
+    {
+        return Err(
+            "connections.max_open, header_read_timeout_ms and body_read_timeout_ms must be at least 1".into(),
+        );
+    }
+    if connections.threads > MAX_CONNECTION_THREADS {
+        return Err(format!(
+            "connections.threads must be at most {MAX_CONNECTION_THREADS} (got {}; 0 serves connections on the shared worker threads)",
+            connections.threads
+        ));
+    }
+    Ok(())
+}
+
+fn fleet(fleet: &FleetSettings) -> Result<(), String> {
+    if fleet.probe_interval_ms == 0
+        || fleet.probe_timeout_ms == 0
+        || fleet.eject_base_ms == 0
+        || fleet.request_window_ms == 0
+        || fleet.keepalive_interval_ms == 0
+    {
+        return Err(
+            "fleet.probe_interval_ms, probe_timeout_ms, eject_base_ms, request_window_ms and keepalive_interval_ms must be at least 1".into(),
+        );
+    }
+    if fleet.eject_max_ms < fleet.eject_base_ms {
+        return Err("fleet.eject_max_ms must be at least fleet.eject_base_ms".into());
+    }
+    if !(PREFIX_BLOCK_BYTES..=MAX_PREFIX_BYTES).contains(&fleet.prefix_bytes) {
+        return Err(format!(
+            "fleet.prefix_bytes must be between {PREFIX_BLOCK_BYTES} and {MAX_PREFIX_BYTES} (got {})",
+            fleet.prefix_bytes
+        ));
+    }
+    if !(1..=MAX_PREFIX_TRACKED).contains(&fleet.prefix_tracked) {
+        return Err(format!(
+            "fleet.prefix_tracked must be between 1 and {MAX_PREFIX_TRACKED} (got {})",
+            fleet.prefix_tracked
+        ));
+    }
+    if !(fleet.prefix_imbalance_abs.is_finite() && fleet.prefix_imbalance_abs >= 0.0) {
+        return Err(format!(
+            "fleet.prefix_imbalance_abs must be 0 or more (got {})",
+            fleet.prefix_imbalance_abs
+        ));
+    }
+    if !(fleet.prefix_imbalance_rel.is_finite() && fleet.prefix_imbalance_rel >= 1.0) {
+        return Err(format!(
+            "fleet.prefix_imbalance_rel must be at least 1 (got {})",
+            fleet.prefix_imbalance_rel
+        ));
+    }
+    Ok(())
+}
+
+fn jobs(jobs: &JobSettings) -> Result<(), String> {
+    if jobs.lease_ms < 300 || jobs.poll_interval_ms == 0 || jobs.sweep_interval_ms == 0 {
+        return Err(
+            "jobs.lease_ms must be at least 300, jobs.poll_interval_ms and sweep_interval_ms at least 1".into(),
+        );
+    }
+    if jobs.max_waiters > jobs::MAX_WAITERS {
+        return Err(format!(
+            "jobs.max_waiters must be at most {} (got {})",
+            jobs::MAX_WAITERS,
+            jobs.max_waiters
+        ));
+    }
+    if jobs.max_attempts == 0 || jobs.run_timeout_ms == 0 {
+        return Err("jobs.max_attempts and jobs.run_timeout_ms must be at least 1".into());
+    }
+    Ok(())
+}
+
+fn traces(traces: &TraceSettings) -> Result<(), String> {
+    if !(0.0..=1.0).contains(&traces.sample_ratio) {
+        return Err(format!(
+            "traces.sample_ratio must be between 0 and 1 (got {})",
+            traces.sample_ratio
+        ));
+    }
+    if let Some(endpoint) = traces.otlp_endpoint.as_deref()
+        && !is_http_url(endpoint)
+    {
+        return Err(format!(
+            "traces.otlp_endpoint must be an http(s) URL (got '{endpoint}')"
+        ));
+    }
+    Ok(())
+}
+
+fn is_http_url(url: &str) -> bool {
+    reqwest::Url::parse(url).is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.has_host())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::schema::tests::{document, parse};
+
+    /// Why a config with `keys` under `[section]` is refused.
+    fn refusal(section: &str, keys: &str) -> String {
+        parse(&document(section, keys, ""))
+            .unwrap()
+            .validate()
+            .unwrap_err()
+    }
+
+    #[test]
+    fn prefix_settings_out_of_range_are_refused_by_name() {
+        let refused = |keys| refusal("fleet", keys);
+        assert!(refused("prefix_bytes = 100").contains("fleet.prefix_bytes must be between 256"));
+        assert!(refused("prefix_imbalance_abs = -1").contains("fleet.prefix_imbalance_abs"));
+        assert!(refused("prefix_imbalance_rel = 0.5").contains("fleet.prefix_imbalance_rel"));
+        assert!(refused("prefix_tracked = 0").contains("fleet.prefix_tracked must be between 1"));
+        let keys = "prefix_imbalance_abs = 0\nprefix_imbalance_rel = 1";
+        assert!(
+            parse(&document("fleet", keys, ""))
+                .unwrap()
+                .validate()
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn connection_threads_are_bounded() {
+        let refused = refusal("connections", "threads = 100000");
+        assert!(
+            refused.contains("connections.threads must be at most 1024 (got 100000"),
+            "{refused}"
+        );
+    }
+
+    #[test]
+    fn traces_are_checked_by_name() {
+        let refused = |keys| refusal("traces", keys);
+        assert!(
+            refused("sample_ratio = 1.5").contains("traces.sample_ratio must be between 0 and 1")
+        );
+        assert!(refused("otlp_endpoint = \"collector:4318\"").contains("traces.otlp_endpoint"));
+    }
+}
