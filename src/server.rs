@@ -71,8 +71,8 @@ pub fn init_logging(format: LogFormat, traces: &TraceSettings) -> anyhow::Result
     let fmt = match format {
         LogFormat::Json => fmt.json().boxed(),
         LogFormat::Text => fmt
-            .fmt_fields(crate::log_fields::LineFields)
-            .event_format(crate::log_line::LineFormat::default())
+            .fmt_fields(crate::wire::log_fields::LineFields)
+            .event_format(crate::wire::log_line::LineFormat::default())
             .boxed(),
     };
     let logs = tracing_subscriber::registry().with(fmt.with_filter(filter));

@@ -1,10 +1,8 @@
 //! HTTP to the vLLM servers: what a server serves and reports, tokenization, hooks and
 //! forwarding completions. A leaf: it knows base URLs, not the fleet that holds them.
 //!
-//! Completions to `http://` nodes go through fleetgate's own HTTP/1.1 client (`h1.rs`,
+//! Completions to `http://` nodes go through fleetgate's own HTTP/1.1 client (`wire::h1`,
 //! which says why); everything else through reqwest.
-
-mod h1;
 
 use std::io;
 use std::pin::Pin;
@@ -17,6 +15,7 @@ use serde::Deserialize;
 
 use crate::config::UpstreamSettings;
 use crate::error::ApiError;
+use crate::wire::h1;
 
 /// Bodies of upstream error responses are read up to this size; the rest is dropped.
 const ERROR_BODY_LIMIT: usize = 64 * 1024;

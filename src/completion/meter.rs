@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 
 use bytes::{Bytes, BytesMut};
 
-use crate::completion::sse_frame;
-pub use crate::completion::sse_frame::Counts;
+use crate::wire::sse_frame;
+pub use crate::wire::sse_frame::Counts;
 
 /// A frame longer than this without its terminator is passed through unread.
 const MAX_FRAME: usize = 1 << 20;

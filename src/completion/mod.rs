@@ -16,5 +16,4 @@ pub mod plan;
 pub mod relay;
 pub mod request;
 pub mod settle;
-pub mod sse_frame;
 pub mod watch;

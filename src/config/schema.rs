@@ -81,7 +81,7 @@ impl Config {
     }
 }
 
-/// The Workbench and Loom (`src/workbench`). Saved prompts, runs and trees stay until
+/// The Workbench and Loom (`http::routes::workbench`). Saved prompts, runs and trees stay until
 /// deleted; a run not yet saved is a recovery checkpoint, kept this long.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -1,5 +1,5 @@
 //! The shared limiter's connections to Redis, one of each kind per runtime: a
-//! [`wire::Pipe`] for the scripts, and the `redis` crate's connection manager for the
+//! [`resp::Pipe`] for the scripts, and the `redis` crate's connection manager for the
 //! rest (seeding, the journal, `PING`). Both connect lazily, so the limiter is made
 //! while Redis is down. Every call is bounded in time; any failure is
 //! [`Denial::Unavailable`] and drops the connection, so the next call starts afresh.
@@ -13,8 +13,8 @@ use ::redis::{Client, RedisError, RedisResult};
 use tokio::runtime::{Handle, Id as RuntimeId};
 
 use super::options::RedisLimiterOptions;
-use super::wire;
 use crate::admission::Denial;
+use crate::wire::resp;
 
 /// The Redis URL could not be parsed (the only construction error).
 #[derive(Debug, thiserror::Error)]
@@ -25,8 +25,8 @@ pub struct InvalidRedisUrl(String);
 pub(super) struct Connections {
     client: Client,
     config: ConnectionManagerConfig,
-    /// Where the scripts' connections ([`wire::Pipe`]) connect to.
-    endpoint: Arc<wire::Endpoint>,
+    /// Where the scripts' connections ([`resp::Pipe`]) connect to.
+    endpoint: Arc<resp::Endpoint>,
     /// Created on first use (it needs the Tokio runtime); reconnects by itself, and is
     /// replaced after a failure.
     made: Mutex<PerRuntime>,
@@ -43,14 +43,14 @@ struct PerRuntime {
     /// The runtime, the connection's generation, the connection.
     made: Vec<(Option<RuntimeId>, u64, ConnectionManager)>,
     /// The same for the scripts' connections.
-    pipes: Vec<(Option<RuntimeId>, u64, wire::Pipe)>,
+    pipes: Vec<(Option<RuntimeId>, u64, resp::Pipe)>,
 }
 
 impl Connections {
     /// Connections to the Redis at `url`, none opened yet: fails only on a malformed URL.
     pub(super) fn new(url: &str, options: RedisLimiterOptions) -> Result<Self, InvalidRedisUrl> {
         let client = Client::open(url).map_err(|e| InvalidRedisUrl(e.to_string()))?;
-        let endpoint = wire::Endpoint::of(client.get_connection_info(), options.connect_timeout)
+        let endpoint = resp::Endpoint::of(client.get_connection_info(), options.connect_timeout)
             .ok_or_else(|| InvalidRedisUrl("TLS connections are not supported".to_owned()))?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.connect_timeout))
@@ -93,11 +93,11 @@ impl Connections {
 
     /// The calling runtime's connection for scripts, with its generation; opened (in
     /// the background) on first use.
-    fn pipe(&self) -> (u64, wire::Pipe) {
+    fn pipe(&self) -> (u64, resp::Pipe) {
         let mut slot = self.made.lock().unwrap_or_else(|p| p.into_inner());
         let slot = &mut *slot;
         let Ok(opened) = this_runtimes(&mut slot.generation, &mut slot.pipes, || {
-            Ok::<_, std::convert::Infallible>(wire::Pipe::open(Arc::clone(&self.endpoint)))
+            Ok::<_, std::convert::Infallible>(resp::Pipe::open(Arc::clone(&self.endpoint)))
         });
         opened
     }
@@ -139,13 +139,13 @@ impl Connections {
     pub(super) async fn invoke(
         &self,
         what: &str,
-        call: &wire::ScriptCall<'_>,
+        call: &resp::ScriptCall<'_>,
     ) -> Result<Vec<i64>, Denial> {
         let (generation, pipe) = self.pipe();
         let outcome = match self.request(&pipe, call.request()).await {
-            Ok(wire::Reply::Error(e)) if e.starts_with("NOSCRIPT") => {
+            Ok(resp::Reply::Error(e)) if e.starts_with("NOSCRIPT") => {
                 match self.request(&pipe, call.script().load_request()).await {
-                    Ok(wire::Reply::Error(e)) => Err(e),
+                    Ok(resp::Reply::Error(e)) => Err(e),
                     Ok(_) => self.request(&pipe, call.request()).await,
                     Err(e) => Err(e),
                 }
@@ -153,8 +153,8 @@ impl Connections {
             other => other,
         };
         let failure = match outcome {
-            Ok(wire::Reply::Ints(reply)) => return Ok(reply),
-            Ok(wire::Reply::Error(e)) => e,
+            Ok(resp::Reply::Ints(reply)) => return Ok(reply),
+            Ok(resp::Reply::Error(e)) => e,
             Ok(_) => "an unexpected reply to a limiter script".to_owned(),
             Err(e) => e,
         };
@@ -163,7 +163,7 @@ impl Connections {
     }
 
     /// One request on `pipe`, bounded in time.
-    async fn request(&self, pipe: &wire::Pipe, bytes: Vec<u8>) -> Result<wire::Reply, String> {
+    async fn request(&self, pipe: &resp::Pipe, bytes: Vec<u8>) -> Result<resp::Reply, String> {
         let mut bound = self.options.call_timeout;
         if !pipe.connected() {
             bound += self.options.connect_timeout;

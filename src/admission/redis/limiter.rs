@@ -4,7 +4,7 @@
 //! Every decision is one Lua script (EVALSHA; loaded again by itself after a Redis
 //! restart), so it is atomic across replicas and costs one round trip; "now" is Redis's
 //! own clock (`TIME`), shared by all replicas. The scripts run on a connection of their
-//! own per runtime ([`wire`]), the rest (seeding, the journal, the subscription) on the
+//! own per runtime ([`resp`](crate::wire::resp)), the rest (seeding, the journal, the subscription) on the
 //! `redis` crate's; `connection.rs` keeps both kinds, the subscription is `wakeups.rs`'s.
 //!
 //! # Data layout
@@ -97,12 +97,12 @@ use super::connection::{Connections, InvalidRedisUrl};
 use super::journal;
 use super::options::RedisLimiterOptions;
 use super::wakeups::Wakeups;
-use super::wire;
 use crate::admission::{
     Admitted, Cost, Denial, Grant, KeyLimits, Lease, Limiter, Month, QUEUE_FULL_RETRY_AFTER,
     QUEUE_PLACE_GONE, Usage, UsageSource,
 };
 use crate::store::UsageRow;
+use crate::wire::resp;
 
 /// How long the reservation of a lapsed slot keeps counting (`LAPSED_KEEP_US` in
 /// `common.lua`, which must say the same).
@@ -127,7 +127,7 @@ const DONE: i64 = 8;
 
 macro_rules! script {
     ($file:literal) => {
-        wire::Script::new(concat!(include_str!("common.lua"), include_str!($file)))
+        resp::Script::new(concat!(include_str!("common.lua"), include_str!($file)))
     };
 }
 
@@ -147,13 +147,13 @@ pub struct RedisLimiter {
 }
 
 struct Scripts {
-    admit: wire::Script,
-    turn: wire::Script,
-    leave: wire::Script,
-    finish: wire::Script,
-    renew: wire::Script,
-    usage: wire::Script,
-    occupancy: wire::Script,
+    admit: resp::Script,
+    turn: resp::Script,
+    leave: resp::Script,
+    finish: resp::Script,
+    renew: resp::Script,
+    usage: resp::Script,
+    occupancy: resp::Script,
 }
 
 /// Redis key names of one API key.
@@ -281,7 +281,7 @@ impl RedisLimiter {
     /// the lease and where to announce a change.
     fn start_args(
         &self,
-        invocation: &mut wire::ScriptCall<'_>,
+        invocation: &mut resp::ScriptCall<'_>,
         k: &Keys,
         limits: &KeyLimits,
         cost: &Cost,

@@ -167,7 +167,7 @@ mod tests {
     use tracing_subscriber::prelude::*;
 
     use super::*;
-    use crate::log_line::LineFormat;
+    use crate::wire::log_line::LineFormat;
 
     #[derive(Clone, Default)]
     struct Captured(Arc<Mutex<Vec<u8>>>);
@@ -315,6 +315,6 @@ mod tests {
         assert!(expected.contains(r#"workload="eval \"quoted\" back\\slash""#));
         assert!(expected.contains("DEBUG request{"), "{expected}");
         assert_eq!(plain.text(), expected);
-        assert_eq!(line, expected, "the whole line (crate::log_line)");
+        assert_eq!(line, expected, "the whole line (crate::wire::log_line)");
     }
 }

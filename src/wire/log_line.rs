@@ -7,7 +7,7 @@
 //! Why: the request log writes a line per request, and the default format spent ~9,000
 //! instructions on it (`write!` per piece, the timestamp through `Display`, an ANSI
 //! style painted around every name even with colours off): 5 % of a request. The
-//! fields after the target are [`crate::log_fields`]'s.
+//! fields after the target are [`crate::wire::log_fields`]'s.
 
 use std::fmt;
 use std::time::{SystemTime, UNIX_EPOCH};

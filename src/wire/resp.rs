@@ -33,19 +33,19 @@ use tokio::sync::{mpsc, oneshot};
 const MAX_DEPTH: usize = 4;
 
 /// A Lua script, known to Redis by its SHA-1.
-pub(super) struct Script {
+pub(crate) struct Script {
     code: &'static str,
     hash: String,
 }
 
 impl Script {
-    pub(super) fn new(code: &'static str) -> Self {
+    pub(crate) fn new(code: &'static str) -> Self {
         let hash = ::redis::Script::new(code).get_hash().to_owned();
         Self { code, hash }
     }
 
     /// A call of the script, its keys and arguments to be added.
-    pub(super) fn call(&self) -> ScriptCall<'_> {
+    pub(crate) fn call(&self) -> ScriptCall<'_> {
         ScriptCall {
             script: self,
             keys: 0,
@@ -56,7 +56,7 @@ impl Script {
     }
 
     /// `SCRIPT LOAD`, for a Redis that does not know the script (restarted, flushed).
-    pub(super) fn load_request(&self) -> Vec<u8> {
+    pub(crate) fn load_request(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.code.len() + 64);
         out.extend_from_slice(b"*3\r\n$6\r\nSCRIPT\r\n$4\r\nLOAD\r\n");
         bulk(&mut out, self.code.as_bytes());
@@ -65,7 +65,7 @@ impl Script {
 }
 
 /// One `EVALSHA`: the keys (`KEYS[i]` in the script), then the arguments (`ARGV[i]`).
-pub(super) struct ScriptCall<'a> {
+pub(crate) struct ScriptCall<'a> {
     script: &'a Script,
     keys: usize,
     args: usize,
@@ -74,24 +74,24 @@ pub(super) struct ScriptCall<'a> {
 }
 
 impl ScriptCall<'_> {
-    pub(super) fn key(&mut self, key: impl Arg) -> &mut Self {
+    pub(crate) fn key(&mut self, key: impl Arg) -> &mut Self {
         key.write(&mut self.key_bytes);
         self.keys += 1;
         self
     }
 
-    pub(super) fn arg(&mut self, arg: impl Arg) -> &mut Self {
+    pub(crate) fn arg(&mut self, arg: impl Arg) -> &mut Self {
         arg.write(&mut self.arg_bytes);
         self.args += 1;
         self
     }
 
-    pub(super) fn script(&self) -> &Script {
+    pub(crate) fn script(&self) -> &Script {
         self.script
     }
 
     /// The request as Redis reads it.
-    pub(super) fn request(&self) -> Vec<u8> {
+    pub(crate) fn request(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.key_bytes.len() + self.arg_bytes.len() + 96);
         out.push(b'*');
         decimal(&mut out, (3 + self.keys + self.args) as u64);
@@ -106,7 +106,7 @@ impl ScriptCall<'_> {
 }
 
 /// A script key or argument: text, or an integer written in decimal.
-pub(super) trait Arg {
+pub(crate) trait Arg {
     fn write(&self, out: &mut Vec<u8>);
 }
 
@@ -155,7 +155,7 @@ fn decimal(out: &mut Vec<u8>, n: u64) {
 
 /// A reply, as far as the limiter needs it.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Reply {
+pub(crate) enum Reply {
     /// `+…` (`OK`).
     Status,
     /// `-…`: the error text.
@@ -170,7 +170,7 @@ pub(super) enum Reply {
 
 /// Reads one reply from the front of `buf`: the reply and the bytes it took, or `None`
 /// while it is incomplete.
-pub(super) fn read_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>, String> {
+pub(crate) fn read_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>, String> {
     read_at(buf, 0, 0)
 }
 
@@ -252,7 +252,7 @@ fn integer(line: &[u8]) -> Result<i64, String> {
 
 /// Where and how to connect: the address, credentials and database of the limiter's
 /// Redis URL (as the `redis` crate reads it).
-pub(super) struct Endpoint {
+pub(crate) struct Endpoint {
     addr: Addr,
     /// `AUTH` after connecting: the username (ACL) if any, and the password.
     auth: Option<(Option<String>, String)>,
@@ -268,7 +268,7 @@ enum Addr {
 impl Endpoint {
     /// `None` for an address this client cannot reach (TLS, which this build of the
     /// `redis` crate refuses when parsing the URL anyway).
-    pub(super) fn of(info: &ConnectionInfo, connect_timeout: Duration) -> Option<Self> {
+    pub(crate) fn of(info: &ConnectionInfo, connect_timeout: Duration) -> Option<Self> {
         let addr = match info.addr() {
             ConnectionAddr::Tcp(host, port) => Addr::Tcp(host.clone(), *port),
             ConnectionAddr::Unix(path) => Addr::Unix(path.clone()),
@@ -320,7 +320,7 @@ struct Request {
 
 /// A handle on one connection (see the module docs); clones share it.
 #[derive(Clone)]
-pub(super) struct Pipe {
+pub(crate) struct Pipe {
     requests: mpsc::UnboundedSender<Request>,
     connected: Arc<AtomicBool>,
 }
@@ -328,7 +328,7 @@ pub(super) struct Pipe {
 impl Pipe {
     /// Starts connecting, on the calling runtime, in the background: requests queue
     /// until the connection is up (or get its failure).
-    pub(super) fn open(endpoint: Arc<Endpoint>) -> Self {
+    pub(crate) fn open(endpoint: Arc<Endpoint>) -> Self {
         let (requests, queued) = mpsc::unbounded_channel();
         let connected = Arc::new(AtomicBool::new(false));
         tokio::spawn(drive(endpoint, queued, Arc::clone(&connected)));
@@ -339,13 +339,13 @@ impl Pipe {
     }
 
     /// Whether the connection is up (a request then waits only for its reply).
-    pub(super) fn connected(&self) -> bool {
+    pub(crate) fn connected(&self) -> bool {
         self.connected.load(Ordering::Relaxed)
     }
 
     /// Sends `bytes` (one whole request) and waits for its reply. Unbounded in time: the
     /// caller bounds it.
-    pub(super) async fn request(&self, bytes: Vec<u8>) -> Result<Reply, String> {
+    pub(crate) async fn request(&self, bytes: Vec<u8>) -> Result<Reply, String> {
         let (reply, replied) = oneshot::channel();
         self.requests
             .send(Request { bytes, reply })
