@@ -351,7 +351,7 @@ async fn conclude(state: &AppState, job: &JobRow, stop: Stop, cut: &Cancellation
             }
             return;
         }
-        Stop::Cancelled => store::Outcome {
+        Stop::Cancelled => store::JobOutcome {
             status: JobStatus::Cancelled,
             result: None,
             result_status: None,
@@ -371,7 +371,7 @@ async fn conclude(state: &AppState, job: &JobRow, stop: Stop, cut: &Cancellation
                     completion_tokens: completion,
                     created_at: now_unix(),
                 });
-            store::Outcome {
+            store::JobOutcome {
                 status: JobStatus::Succeeded,
                 result: Some(body.to_vec()),
                 result_status: Some(200),
@@ -383,7 +383,7 @@ async fn conclude(state: &AppState, job: &JobRow, stop: Stop, cut: &Cancellation
         }
         Stop::Answered(Answered::Failed { error, .. }) => {
             let request_id = format!("{}.{}", job.id, job.attempts);
-            store::Outcome {
+            store::JobOutcome {
                 status: JobStatus::Failed,
                 result: Some(error.body().envelope_json(&request_id)),
                 result_status: Some(error.status().as_u16()),

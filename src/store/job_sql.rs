@@ -180,7 +180,7 @@ macro_rules! impl_job_store {
                 &self,
                 id: &str,
                 attempt: i64,
-                outcome: &super::Outcome,
+                outcome: &super::JobOutcome,
                 now_ms: i64,
             ) -> Result<bool, super::StoreError> {
                 let tokens = |n: Option<u64>| n.map(|n| i64::try_from(n).unwrap_or(i64::MAX));

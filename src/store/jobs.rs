@@ -115,7 +115,7 @@ impl JobRow {
 
 /// How a run of a job ended, for [`JobStore::finish`].
 #[derive(Debug, Clone)]
-pub struct Outcome {
+pub struct JobOutcome {
     pub status: JobStatus,
     pub result: Option<Vec<u8>>,
     pub result_status: Option<u16>,
@@ -215,7 +215,7 @@ pub trait JobStore: Send + Sync + 'static {
         &self,
         id: &str,
         attempt: i64,
-        outcome: &Outcome,
+        outcome: &JobOutcome,
         now_ms: i64,
     ) -> Result<bool, StoreError>;
 

@@ -225,7 +225,12 @@ impl Client {
         Ok(stream)
     }
 
-    fn response(&self, target: Target<'_>, answer: Answer, runtime: Option<RuntimeId>) -> Response {
+    fn response(
+        &self,
+        target: Target<'_>,
+        answer: HeadRead,
+        runtime: Option<RuntimeId>,
+    ) -> Response {
         Response {
             status: answer.status,
             content_type: answer.content_type,
@@ -271,7 +276,7 @@ fn is_open(stream: &TcpStream) -> bool {
 }
 
 /// A response head and the connection its body follows on.
-struct Answer {
+struct HeadRead {
     status: StatusCode,
     content_type: Option<HeaderValue>,
     framing: Framing,
@@ -282,7 +287,7 @@ struct Answer {
 }
 
 /// Writes the request, reads the answer's head.
-async fn exchange(mut stream: TcpStream, head: &[u8], body: &[u8]) -> Result<Answer, Error> {
+async fn exchange(mut stream: TcpStream, head: &[u8], body: &[u8]) -> Result<HeadRead, Error> {
     write_all(&mut stream, &mut [IoSlice::new(head), IoSlice::new(body)])
         .await
         .map_err(Error::Io)?;
@@ -298,7 +303,7 @@ async fn exchange(mut stream: TcpStream, head: &[u8], body: &[u8]) -> Result<Ans
         while let Some(head) = parse_head(&mut buf)? {
             // An interim answer (`100 Continue`) is followed by the real one.
             if !head.status.is_informational() {
-                return Ok(Answer {
+                return Ok(HeadRead {
                     status: head.status,
                     content_type: head.content_type,
                     framing: head.framing,

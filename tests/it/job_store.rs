@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use fleetgate::store::{
-    Inserted, JobQuery, JobStatus, LimitOverrides, NewJob, Outcome, Retention, Store, Swept,
+    Inserted, JobOutcome, JobQuery, JobStatus, LimitOverrides, NewJob, Retention, Store, Swept,
     UsageRow,
 };
 
@@ -27,8 +27,8 @@ fn job(key_id: i64, n: u32, idempotency_key: Option<&str>) -> NewJob {
     }
 }
 
-fn succeeded() -> Outcome {
-    Outcome {
+fn succeeded() -> JobOutcome {
+    JobOutcome {
         status: JobStatus::Succeeded,
         result: Some(b"{\"id\":\"cmpl-1\"}".to_vec()),
         result_status: Some(200),
@@ -226,7 +226,7 @@ async fn an_end_and_its_charge_commit_together_once(store: Arc<dyn Store>) {
         completion_tokens: 5,
         created_at: T0 / 1000,
     };
-    let charged = Outcome {
+    let charged = JobOutcome {
         charge: Some(charge.clone()),
         ..succeeded()
     };
@@ -300,7 +300,7 @@ async fn cancel_ends_a_queued_job_and_flags_a_running_one(store: Arc<dyn Store>)
         Some(true)
     );
     // Cancelling an ended job leaves it as it ended.
-    let cancelled = Outcome {
+    let cancelled = JobOutcome {
         status: JobStatus::Cancelled,
         result: None,
         result_status: None,

@@ -30,7 +30,7 @@ pub(super) type Routed =
     TowerToHyperService<Compression<AddExtension<Router, ConnectInfo<SocketAddr>>, CompressWhen>>;
 
 /// What hyper sends: the router's answer, compressed or not.
-type Answer = Response<CompressionBody<Body>>;
+type Sent = Response<CompressionBody<Body>>;
 
 pub(super) fn routed(router: Router, remote: SocketAddr) -> Routed {
     TowerToHyperService::new(compressed(AddExtension::new(router, ConnectInfo(remote))))
@@ -112,10 +112,10 @@ pub(super) struct ExchangeService {
 }
 
 impl hyper::service::Service<Request<Incoming>> for ExchangeService {
-    type Response = Answer;
+    type Response = Sent;
     type Error = Infallible;
     /// Boxed: hyper hands the socket back only with a service future that is `Unpin`.
-    type Future = Pin<Box<dyn Future<Output = Result<Answer, Infallible>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Sent, Infallible>> + Send>>;
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
         let number = self.exchanges.begin(&request);
