@@ -1,5 +1,9 @@
-//! HTTP plumbing shared by every route: request ids and the error envelope,
-//! authentication, body reading, fallbacks, panics answered, the request metadata record.
+//! The front door: everything that speaks HTTP to clients. The connections
+//! (`connections`: accepted, capped, HTTP/1 or HTTP/2, time-outs), the router and its
+//! layers (`router`; the one middleware every request passes, `every_request`, and its
+//! steps: request id and envelope, span, request record, panics), authentication and
+//! body reading, the OpenAPI document's frame (`openapi`), and the route handlers
+//! (`routes`). Below it, the completion core and the rest speak no HTTP to clients.
 
 pub mod auth;
 pub mod body;
