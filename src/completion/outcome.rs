@@ -1,7 +1,7 @@
 //! What a completion comes to, in the core's own terms: the answer to relay (read
 //! whole, streamed, or committed before a sleeping model has booted) or a typed error,
 //! each with the backend that served or failed it. The front door renders it as HTTP
-//! (`http::completions`); a job's run reads it as it is (`jobs::run`).
+//! (`http::routes::completions`); a job's run reads it as it is (`jobs::run`).
 
 use std::fmt;
 use std::io;

@@ -4,7 +4,7 @@
 //! Every decision is one Lua script (EVALSHA; loaded again by itself after a Redis
 //! restart), so it is atomic across replicas and costs one round trip; "now" is Redis's
 //! own clock (`TIME`), shared by all replicas. The scripts run on a connection of their
-//! own per runtime ([`resp`](crate::wire::resp)), the rest (seeding, the journal, the subscription) on the
+//! own per runtime ([`resp`]), the rest (seeding, the journal, the subscription) on the
 //! `redis` crate's; `connection.rs` keeps both kinds, the subscription is `wakeups.rs`'s.
 //!
 //! # Data layout
