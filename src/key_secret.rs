@@ -1,5 +1,6 @@
-//! Key secrets: their format, generation and hashing, and what the store keeps of a new
-//! key ([`NewKey`]). A presented secret is checked by `keys/bearer.rs`.
+//! Key secrets: their format, generation and hashing, what the store keeps of a new key
+//! ([`NewKey`]), and a presented bearer token checked against a stored hash
+//! ([`parse_bearer`], [`verify`]).
 //!
 //! A key's secret is `fg-` followed by the unpadded base64url encoding of 32 random
 //! bytes: 46 ASCII characters in all. Its first [`PREFIX_LEN`] characters are the
@@ -11,6 +12,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use rand::RngCore as _;
 use sha2::{Digest as _, Sha256};
+use subtle::ConstantTimeEq as _;
 
 /// What every secret starts with.
 pub const SECRET_PREFIX: &str = "fg-";
@@ -85,6 +87,34 @@ pub fn hash_secret(secret: &str) -> [u8; 32] {
     Sha256::digest(secret.as_bytes()).into()
 }
 
+/// Splits a presented bearer token into its prefix (for the store lookup) and its hash
+/// (to [`verify`] against the record). Returns `None` for anything that is not shaped
+/// exactly like a key we issue — wrong leading `fg-`, wrong length, characters outside
+/// the base64url alphabet, non-canonical encoding — so it can be rejected without
+/// touching the store.
+pub fn parse_bearer(secret: &str) -> Option<(&str, [u8; 32])> {
+    if secret.len() != SECRET_LEN {
+        return None;
+    }
+    let encoded = secret.strip_prefix(SECRET_PREFIX)?;
+    // The engine rejects padding, characters outside the alphabet and non-zero trailing
+    // bits, so only encodings that `key_secret::generate` can produce get through.
+    let mut decoded = [0u8; SECRET_RANDOM_BYTES];
+    match URL_SAFE_NO_PAD.decode_slice(encoded, &mut decoded) {
+        Ok(SECRET_RANDOM_BYTES) => {}
+        _ => return None,
+    }
+    // All ASCII (checked by the decode), so byte indexing is on a char boundary.
+    let prefix = secret.get(..PREFIX_LEN)?;
+    Some((prefix, hash_secret(secret)))
+}
+
+/// Compares a stored hash with a presented one in constant time (for equal lengths; a
+/// stored hash of the wrong length never matches).
+pub fn verify(record_hash: &[u8], presented_hash: &[u8; 32]) -> bool {
+    record_hash.ct_eq(presented_hash.as_slice()).into()
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -142,5 +172,57 @@ mod tests {
                 0xf2, 0x00, 0x15, 0xad
             ]
         );
+    }
+
+    #[test]
+    fn parse_bearer_accepts_generated_keys() {
+        for _ in 0..100 {
+            let key = generate();
+            let (prefix, hash) = parse_bearer(key.secret.expose()).unwrap();
+            assert_eq!(prefix, key.prefix);
+            assert_eq!(hash, key.hash);
+            assert!(verify(&key.hash, &hash));
+        }
+    }
+
+    #[test]
+    fn parse_bearer_rejects_junk() {
+        let good = generate().secret.expose().to_owned();
+        let body = &good[3..];
+        let cases = [
+            String::new(),
+            "fg-".to_owned(),
+            "sk-".to_owned() + body,
+            "FG-".to_owned() + body,
+            good[..good.len() - 1].to_owned(),
+            good.clone() + "A",
+            // right length, wrong alphabet
+            format!("fg-{}", "+".repeat(43)),
+            format!("fg-{}", "/".repeat(43)),
+            format!("fg-{}=", &body[..42]),
+            format!("fg-{} ", &body[..42]),
+            // a multi-byte character that keeps the byte length at 46
+            format!("fg-é{}", &body[..41]),
+            // non-canonical: the last character carries 4 bits, its low 2 must be zero
+            format!("fg-{}B", &"A".repeat(42)),
+            "Bearer ".to_owned() + &good,
+        ];
+        for case in &cases {
+            assert!(parse_bearer(case).is_none(), "accepted {case:?}");
+        }
+        assert!(parse_bearer(&format!("fg-{}A", "A".repeat(42))).is_some());
+    }
+
+    #[test]
+    fn verify_is_exact() {
+        let a = generate();
+        let b = generate();
+        assert!(verify(&a.hash, &a.hash));
+        assert!(!verify(&a.hash, &b.hash));
+        assert!(!verify(&a.hash[..31], &a.hash));
+        assert!(!verify(&[], &a.hash));
+        let mut flipped = a.hash;
+        flipped[31] ^= 1;
+        assert!(!verify(&flipped, &a.hash));
     }
 }

@@ -12,7 +12,7 @@ use axum::response::Response;
 use tracing::Instrument;
 
 use crate::error::ApiError;
-use crate::keys;
+use crate::key_secret;
 use crate::request_record::RequestRecord;
 use crate::state::AppState;
 use crate::store::KeyRecord;
@@ -62,7 +62,7 @@ async fn authenticate(state: &AppState, headers: &http::HeaderMap) -> Result<Cal
         "The Authorization header must be 'Bearer <your key>'.",
     ))?;
     let invalid = ApiError::Unauthorized("Invalid API key.");
-    let Some((prefix, hash)) = keys::parse_bearer(secret) else {
+    let Some((prefix, hash)) = key_secret::parse_bearer(secret) else {
         return Err(invalid);
     };
     let record = state
@@ -71,7 +71,7 @@ async fn authenticate(state: &AppState, headers: &http::HeaderMap) -> Result<Cal
         .await
         .map_err(|_| ApiError::StoreUnavailable)?;
     match record {
-        Some(record) if keys::verify(&record.hash, &hash) => {
+        Some(record) if key_secret::verify(&record.hash, &hash) => {
             if !record.is_active() {
                 return Err(ApiError::Unauthorized("This API key has been revoked."));
             }

@@ -11,7 +11,7 @@ pub struct KeyRecord {
     pub email: Option<String>,
     /// The visible first 12 characters of the secret.
     pub prefix: String,
-    /// SHA-256 of the secret (column `key_hash`); compare with [`crate::keys::verify`].
+    /// SHA-256 of the secret (column `key_hash`); compare with [`crate::key_secret::verify`].
     pub hash: Vec<u8>,
     /// Unix seconds.
     pub created_at: i64,

@@ -118,7 +118,7 @@ async fn metrics_count_requests_upstreams_and_refusals_without_keys_or_prompts()
 
     // Privacy: no key secret or prefix, no prompt text, no client-chosen model name.
     for secret in [gw.key.as_str(), limited.as_str()] {
-        let (prefix, _) = fleetgate::keys::parse_bearer(secret).expect("a well-formed key");
+        let (prefix, _) = fleetgate::key_secret::parse_bearer(secret).expect("a well-formed key");
         assert!(!text.contains(secret), "a key secret in the scrape");
         assert!(!text.contains(prefix), "a key prefix in the scrape");
     }

@@ -12,7 +12,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::common::postgres::{FreshDatabase, with_database};
 use fleetgate::key_secret::{self, NewKey};
-use fleetgate::keys;
 use fleetgate::request_log::{RequestLog, RequestLogConfig, RequestLogStats};
 use fleetgate::store::{
     self, KeyChange, KeyRecord, LimitOverrides, LimitUpdate, RequestLogRow, RequestQuery,
@@ -186,18 +185,18 @@ async fn create_lookup_verify(store: Arc<dyn Store>) {
     assert_ne!(bob.id, created.id);
 
     // What authentication does: parse the bearer, look the prefix up, verify the hash.
-    let (prefix, presented) = keys::parse_bearer(key.secret.expose()).unwrap();
+    let (prefix, presented) = key_secret::parse_bearer(key.secret.expose()).unwrap();
     let found = store.key(prefix).await.unwrap().unwrap();
     assert_eq!(found, created);
-    assert!(keys::verify(&found.hash, &presented));
-    assert!(!keys::verify(&found.hash, &other.hash));
+    assert!(key_secret::verify(&found.hash, &presented));
+    assert!(!key_secret::verify(&found.hash, &other.hash));
 
     // A well-formed bearer whose prefix matches but whose body does not.
     let mut forged = key.secret.expose().to_owned();
     forged.replace_range(20..21, if &forged[20..21] == "A" { "B" } else { "A" });
-    if let Some((prefix, hash)) = keys::parse_bearer(&forged) {
+    if let Some((prefix, hash)) = key_secret::parse_bearer(&forged) {
         let found = store.key(prefix).await.unwrap().unwrap();
-        assert!(!keys::verify(&found.hash, &hash));
+        assert!(!key_secret::verify(&found.hash, &hash));
     }
 
     assert!(
@@ -247,7 +246,10 @@ async fn generated_keys_are_unique_and_well_formed(store: Arc<dyn Store>) {
         &format!("fg-{}", "*".repeat(43)),
         &format!("fg-{}+", &good[3..45]),
     ] {
-        assert!(keys::parse_bearer(junk).is_none(), "accepted {junk:?}");
+        assert!(
+            key_secret::parse_bearer(junk).is_none(),
+            "accepted {junk:?}"
+        );
     }
 }
 
@@ -302,7 +304,7 @@ async fn revoke_by_id(store: Arc<dyn Store>) {
     assert_eq!(found, revoked);
     assert!(!found.is_active());
     // The hash still verifies: the caller must check is_active too.
-    assert!(keys::verify(&found.hash, &key.hash));
+    assert!(key_secret::verify(&found.hash, &key.hash));
 
     let untouched = store.key(&other.prefix).await.unwrap().unwrap();
     assert_eq!(untouched, bystander);

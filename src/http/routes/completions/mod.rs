@@ -16,7 +16,7 @@ use tracing::Instrument;
 
 use crate::completion::budget_refusal::OnBudgetClamp;
 use crate::completion::pipeline::{self, Checked, Mode};
-use crate::contract::X_ACS_BUDGET_CLAMP;
+use crate::contract::{PREFER, X_ACS_BUDGET_CLAMP};
 use crate::error::ApiError;
 use crate::http::auth::Caller;
 use crate::http::body::{read_limited, require_json};
@@ -103,7 +103,7 @@ pub async fn create_completion(
     let checked = parse.in_scope(|| Checked::parse(&state, &bytes, &record))?;
     drop(parse); // its span ends with the checks
     let key = &caller.0;
-    if submission::prefers_async(&headers) {
+    if prefers_async(&headers) {
         let idempotency_key = submission::idempotency_key(&headers)?;
         let submitted =
             jobs::submit::submit(&state, key, &request_id.0, idempotency_key, &bytes, checked)
@@ -113,6 +113,20 @@ pub async fn create_completion(
     let mode = Mode::synchronous(&state, on_budget_clamp(&headers)?, workload(&headers));
     let outcome = pipeline::complete(&state, key, &request_id.0, record, checked, mode).await;
     Ok(render::render(outcome, &request_id.0))
+}
+
+/// Whether any `Prefer` header asks for `respond-async` (RFC 7240: a comma-separated
+/// list of preferences, each a token with optional `=value` and `;` parameters).
+pub fn prefers_async(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(PREFER)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .any(|preference| {
+            let name = preference.split([';', '=']).next().unwrap_or("").trim();
+            name.eq_ignore_ascii_case("respond-async")
+        })
 }
 
 /// `X-Acs-Budget-Clamp` (`clamp` or `refuse`, case-insensitive; absent: `clamp`). Any
@@ -134,10 +148,38 @@ fn on_budget_clamp(headers: &HeaderMap) -> Result<OnBudgetClamp, ApiError> {
 mod tests {
     use super::*;
 
+    /// The headers `pairs` (a name may come more than once).
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                axum::http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        map
+    }
+
     fn with(value: &str) -> HeaderMap {
-        let mut headers = HeaderMap::new();
-        headers.insert(X_ACS_BUDGET_CLAMP, value.parse().unwrap());
-        headers
+        headers(&[("x-acs-budget-clamp", value)])
+    }
+
+    #[test]
+    fn respond_async_is_found_among_other_preferences() {
+        assert!(prefers_async(&headers(&[("prefer", "respond-async")])));
+        assert!(prefers_async(&headers(&[(
+            "prefer",
+            "return=minimal, Respond-Async; wait=10"
+        )])));
+        assert!(prefers_async(&headers(&[
+            ("prefer", "wait=5"),
+            ("prefer", "respond-async")
+        ])));
+        assert!(!prefers_async(&headers(&[(
+            "prefer",
+            "respond-asynchronously"
+        )])));
+        assert!(!prefers_async(&headers(&[])));
     }
 
     #[test]

@@ -1,11 +1,11 @@
 //! The HTTP of a job submission (`POST /v1/completions` with `Prefer: respond-async`):
-//! the headers that ask for one and make it idempotent, and the 202 that answers it.
-//! The submission itself is `jobs::submit`.
+//! the header that makes it idempotent, and the 202 that answers it. The submission
+//! itself is `jobs::submit`.
 
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use crate::contract::{IDEMPOTENCY_KEY, PREFER, PREFERENCE_APPLIED};
+use crate::contract::{IDEMPOTENCY_KEY, PREFERENCE_APPLIED};
 use crate::error::ApiError;
 use crate::http::routes::job_view::JobView;
 use crate::jobs::submit::Submitted;
@@ -13,20 +13,6 @@ use crate::state::AppState;
 
 /// The longest `Idempotency-Key` kept.
 const MAX_IDEMPOTENCY_KEY_BYTES: usize = 255;
-
-/// Whether any `Prefer` header asks for `respond-async` (RFC 7240: a comma-separated
-/// list of preferences, each a token with optional `=value` and `;` parameters).
-pub fn prefers_async(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(PREFER)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(','))
-        .any(|preference| {
-            let name = preference.split([';', '=']).next().unwrap_or("").trim();
-            name.eq_ignore_ascii_case("respond-async")
-        })
-}
 
 /// The job: 202 with the job object when it was stored now, 200 when it was submitted
 /// before under the same idempotency key; with `Location` and `Preference-Applied`.
@@ -80,38 +66,13 @@ pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> 
 mod tests {
     use super::*;
 
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut map = HeaderMap::new();
-        for (name, value) in pairs {
-            map.append(
-                axum::http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                HeaderValue::from_str(value).unwrap(),
-            );
-        }
-        map
-    }
-
-    #[test]
-    fn respond_async_is_found_among_other_preferences() {
-        assert!(prefers_async(&headers(&[("prefer", "respond-async")])));
-        assert!(prefers_async(&headers(&[(
-            "prefer",
-            "return=minimal, Respond-Async; wait=10"
-        )])));
-        assert!(prefers_async(&headers(&[
-            ("prefer", "wait=5"),
-            ("prefer", "respond-async")
-        ])));
-        assert!(!prefers_async(&headers(&[(
-            "prefer",
-            "respond-asynchronously"
-        )])));
-        assert!(!prefers_async(&headers(&[])));
-    }
-
     #[test]
     fn idempotency_keys_are_checked_and_unquoted() {
-        let key = |v: &str| idempotency_key(&headers(&[("idempotency-key", v)]));
+        let key = |v: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(IDEMPOTENCY_KEY, HeaderValue::from_str(v).unwrap());
+            idempotency_key(&headers)
+        };
         assert_eq!(key("\"abc-1\"").unwrap().as_deref(), Some("abc-1"));
         assert_eq!(key("abc-1").unwrap().as_deref(), Some("abc-1"));
         assert!(key("\"\"").is_err());
