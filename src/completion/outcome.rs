@@ -5,12 +5,15 @@
 
 use std::fmt;
 use std::io;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use super::relay::Relayed;
 use crate::error::ApiError;
+use crate::fleet::Node;
+use crate::upstream::Served;
 
 /// A completion's outcome.
 pub type Outcome = Result<Completed, Failed>;
@@ -42,12 +45,12 @@ impl Failed {
 }
 
 /// Which backend served (or failed) a completion, and how its `max_tokens` was cut.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct Tags {
-    /// The checkpoint the model's nodes serve, once one has said it.
-    pub model: Option<String>,
+    /// What the model's nodes serve (the checkpoint), once one has said it.
+    pub served: Option<Arc<Served>>,
     /// The GPU node that ran (or failed) the request.
-    pub gpu: Option<String>,
+    pub node: Option<Arc<Node>>,
     pub clamp: Option<Clamp>,
 }
 

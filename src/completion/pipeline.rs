@@ -116,8 +116,8 @@ pub async fn complete(
     // The node asked for the model's facts stands in when no node is named for the
     // request, unless it failed for a reason of the gateway's own (limits, budget,
     // admission, store): then nothing went upstream.
-    let asked = facts.node.as_ref().map(|node| node.gpu.clone());
-    let served = Some(facts.served.name.clone());
+    let asked = facts.node.clone();
+    let served = Some(Arc::clone(&facts.served));
     let mut outcome =
         match prepare(state, key, request_id, record, &request, model, facts, mode).await {
             Ok(prepared) => send(state, model, &request, prepared, request_id).await,
@@ -127,9 +127,9 @@ pub async fn complete(
         Ok(completed) => (&mut completed.tags, true),
         Err(failed) => (&mut failed.tags, failed.error.from_upstream()),
     };
-    tags.model = served;
-    if tags.gpu.is_none() && node_failed {
-        tags.gpu = asked;
+    tags.served = served;
+    if tags.node.is_none() && node_failed {
+        tags.node = asked;
     }
     outcome
 }
@@ -424,7 +424,7 @@ async fn send(
         Ok((relayed, node)) => Ok(Completed {
             answer: Answer::Relayed(relayed),
             tags: Tags {
-                gpu: Some(node.gpu.clone()),
+                node: Some(node),
                 clamp,
                 ..Tags::default()
             },
@@ -437,7 +437,7 @@ async fn send(
             error,
             sent,
             tags: Tags {
-                gpu: upstream.map(|node| node.gpu.clone()),
+                node: upstream,
                 clamp,
                 ..Tags::default()
             },

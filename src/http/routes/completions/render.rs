@@ -46,8 +46,14 @@ fn tag(response: &mut Response, tags: &Tags) {
     let headers = response.headers_mut();
     let clamp = tags.clamp.map(|clamp| clamp.to_string());
     for (name, value) in [
-        (X_ACS_UPSTREAM_MODEL, tags.model.as_deref()),
-        (X_ACS_UPSTREAM_GPU, tags.gpu.as_deref()),
+        (
+            X_ACS_UPSTREAM_MODEL,
+            tags.served.as_ref().map(|s| s.name.as_str()),
+        ),
+        (
+            X_ACS_UPSTREAM_GPU,
+            tags.node.as_ref().map(|n| n.gpu.as_str()),
+        ),
         (X_ACS_MAX_TOKENS_CLAMPED, clamp.as_deref()),
     ] {
         if let Some(value) = value.and_then(|v| HeaderValue::from_str(v).ok()) {
