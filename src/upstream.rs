@@ -17,8 +17,24 @@ use crate::config::UpstreamSettings;
 use crate::error::ApiError;
 use crate::wire::h1;
 
+/// A question to a node (`/health`, `/v1/models`, `/metrics`, `/tokenize`) is answered
+/// within this, its body included, or fails as unreachable. The prober's shorter
+/// `fleet.probe_timeout_ms` applies to its own questions too.
+pub const QUESTION_TIME: Duration = Duration::from_secs(10);
 /// Bodies of upstream error responses are read up to this size; the rest is dropped.
 const ERROR_BODY_LIMIT: usize = 64 * 1024;
+/// How long an error body is read for: a node that trickles one must not hold the
+/// request (what arrived by then is used).
+const ERROR_BODY_TIME: Duration = Duration::from_secs(5);
+/// The largest `/v1/models` answer read: vLLM's is a few hundred bytes a model card,
+/// LoRA adapters included. A node that sends more is not believed, not buffered.
+const MODELS_BODY_LIMIT: usize = 1024 * 1024;
+/// The largest `/metrics` answer read: vLLM's is ~100 KiB for a few engines.
+const METRICS_BODY_LIMIT: usize = 8 * 1024 * 1024;
+/// The largest `/tokenize` answer read, beyond what the prompt allows: the answer lists
+/// the prompt's token ids (at most one a byte, each at most 7 characters with its comma).
+const TOKENIZE_BODY_BASE: usize = 64 * 1024;
+const TOKENIZE_BYTES_PER_PROMPT_BYTE: usize = 8;
 
 /// What a vLLM server reported about itself in `/v1/models`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -203,6 +219,7 @@ impl UpstreamClient {
         let response = self
             .http
             .get(format!("{}{path}", url))
+            .timeout(QUESTION_TIME)
             .send()
             .await
             .map_err(unreachable(url))?;
@@ -223,13 +240,9 @@ impl UpstreamClient {
 
     /// `GET /metrics`: the node's own queue and KV-cache use.
     pub async fn node_load(&self, url: &str) -> Result<NodeLoad, UpstreamError> {
-        let text = self
-            .get_ok(url, "/metrics")
-            .await?
-            .text()
-            .await
-            .map_err(unreachable(url))?;
-        Ok(NodeLoad::parse(&text))
+        let response = self.get_ok(url, "/metrics").await?;
+        let body = read_bounded(response, url, "/metrics", METRICS_BODY_LIMIT).await?;
+        Ok(NodeLoad::parse(&String::from_utf8_lossy(&body)))
     }
 
     /// `POST` to a model's wake or sleep hook; `Ok` on a 2xx answer. Errors name the
@@ -266,9 +279,8 @@ impl UpstreamClient {
             url: url.to_owned(),
             what,
         };
-        let list: ModelList = response
-            .json()
-            .await
+        let body = read_bounded(response, url, "/v1/models", MODELS_BODY_LIMIT).await?;
+        let list: ModelList = serde_json::from_slice(&body)
             .map_err(|e| unexpected(format!("an unreadable /v1/models: {e}")))?;
         // The base model's card; LoRA adapters carry a parent and no context length.
         let card = list
@@ -301,6 +313,7 @@ impl UpstreamClient {
         let response = self
             .http
             .post(format!("{}/tokenize", url))
+            .timeout(QUESTION_TIME)
             .json(&body)
             .send()
             .await
@@ -308,14 +321,14 @@ impl UpstreamClient {
         if !response.status().is_success() {
             return Err(upstream_rejection(response).await);
         }
+        let limit = TOKENIZE_BODY_BASE
+            .saturating_add(prompt.len().saturating_mul(TOKENIZE_BYTES_PER_PROMPT_BYTE));
+        let body = read_bounded(response, url, "/tokenize", limit).await?;
         let parsed: TokenizeResponse =
-            response
-                .json()
-                .await
-                .map_err(|e| UpstreamError::Unexpected {
-                    url: url.to_owned(),
-                    what: format!("an unreadable /tokenize answer: {e}"),
-                })?;
+            serde_json::from_slice(&body).map_err(|e| UpstreamError::Unexpected {
+                url: url.to_owned(),
+                what: format!("an unreadable /tokenize answer: {e}"),
+            })?;
         Ok(parsed.count)
     }
 
@@ -364,7 +377,7 @@ fn unreachable(url: &str) -> impl Fn(reqwest::Error) -> UpstreamError + '_ {
 pub async fn upstream_rejection(response: impl Into<NodeReply>) -> ApiError {
     let response = response.into();
     let status = response.status();
-    let body = read_up_to(response.into_body(), ERROR_BODY_LIMIT).await;
+    let body = read_up_to(response.into_body(), ERROR_BODY_LIMIT, ERROR_BODY_TIME).await;
     let message =
         vllm_error_message(&body).unwrap_or_else(|| format!("The model server answered {status}."));
     if status == StatusCode::BAD_REQUEST {
@@ -391,17 +404,48 @@ impl From<reqwest::Response> for NodeReply {
     }
 }
 
-/// The first `limit` bytes of a body, or as much of them as arrived before an error.
-async fn read_up_to(mut body: ByteStream, limit: usize) -> Vec<u8> {
+/// The first `limit` bytes of a body, or as much of them as arrived before an error or
+/// before `time` was up.
+async fn read_up_to(mut body: ByteStream, limit: usize, time: Duration) -> Vec<u8> {
     let mut read = Vec::new();
-    while let Some(Ok(chunk)) = body.next().await {
-        let room = limit.saturating_sub(read.len());
-        read.extend_from_slice(&chunk[..chunk.len().min(room)]);
-        if room <= chunk.len() {
-            break;
+    let reading = async {
+        while let Some(Ok(chunk)) = body.next().await {
+            let room = limit.saturating_sub(read.len());
+            read.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            if room <= chunk.len() {
+                break;
+            }
         }
-    }
+    };
+    // Out of time, what arrived is the body.
+    let _ = tokio::time::timeout(time, reading).await;
     read
+}
+
+/// A whole answer of at most `limit` bytes; a longer one (or a longer announced one) is
+/// an error as soon as it is seen, with nothing more read. Its time is the caller's to
+/// bound (every caller does).
+async fn read_bounded(
+    mut response: reqwest::Response,
+    url: &str,
+    path: &str,
+    limit: usize,
+) -> Result<Vec<u8>, UpstreamError> {
+    let too_long = || UpstreamError::Unexpected {
+        url: url.to_owned(),
+        what: format!("an answer to {path} longer than {limit} bytes"),
+    };
+    if response.content_length().is_some_and(|n| n > limit as u64) {
+        return Err(too_long());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(unreachable(url))? {
+        if body.len() + chunk.len() > limit {
+            return Err(too_long());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 /// vLLM's message from either envelope form (0.10.1+ nested, older flat), or a

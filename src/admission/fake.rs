@@ -55,6 +55,9 @@ impl Limiter for Backend {
     async fn admit(&self, _: i64, _: &KeyLimits, _: &Cost, _: &Lease) -> Result<Admitted, Denial> {
         Err(down())
     }
+    async fn peek(&self, _: i64, _: &KeyLimits) -> Result<(), Denial> {
+        Err(down())
+    }
     async fn wait_turn(&self, _: i64, _: &KeyLimits, _: &Cost, _: &Lease) -> Result<Grant, Denial> {
         Err(down())
     }

@@ -99,19 +99,34 @@ impl LocalLimiter {
 }
 
 impl KeyState {
-    /// GCRA: a burst of `rpm` starts, then one every `60 s / rpm`.
-    fn check_rate(&mut self, rpm: u32, now: Instant) -> Result<(), Denial> {
+    /// GCRA: a burst of `rpm` starts, then one every `60 s / rpm`. How long until the
+    /// next start is allowed (zero: now), and the arrival time after that start.
+    fn rate_wait(&self, rpm: u32, now: Instant) -> (Duration, Instant) {
         let interval = Duration::from_secs(60) / rpm.max(1);
         let tolerance = interval * rpm.max(1).saturating_sub(1);
         let tat = self.tat.unwrap_or(now).max(now);
         let allowed_at = tat.checked_sub(tolerance).unwrap_or(now);
-        if allowed_at > now {
-            return Err(Denial::RateLimited {
-                retry_after: allowed_at - now,
-            });
+        (allowed_at.saturating_duration_since(now), tat + interval)
+    }
+
+    /// Counts a start against the rate, or refuses it.
+    fn check_rate(&mut self, rpm: u32, now: Instant) -> Result<(), Denial> {
+        let (wait, next) = self.rate_wait(rpm, now);
+        if !wait.is_zero() {
+            return Err(Denial::RateLimited { retry_after: wait });
         }
-        self.tat = Some(tat + interval);
+        self.tat = Some(next);
         Ok(())
+    }
+
+    /// Whether a request may take a running slot now: one is free and nobody waits.
+    fn may_start(&self, limits: &KeyLimits) -> bool {
+        self.queue.is_empty() && self.has_free_slot(limits)
+    }
+
+    /// Whether the wait queue has no place left.
+    fn queue_full(&self, limits: &KeyLimits) -> bool {
+        self.queue.len() >= limits.max_queued as usize
     }
 
     /// Takes a slot and reserves the budget, or refuses on the budget.
@@ -171,11 +186,11 @@ impl Limiter for LocalLimiter {
         if limits.requests_per_minute > 0 {
             state.check_rate(limits.requests_per_minute, Instant::now())?;
         }
-        let admitted = if state.queue.is_empty() && state.has_free_slot(limits) {
+        let admitted = if state.may_start(limits) {
             state
                 .start(limits, cost, lease, month)
                 .map(Admitted::Running)
-        } else if state.queue.len() >= limits.max_queued as usize {
+        } else if state.queue_full(limits) {
             Err(Denial::QueueFull {
                 retry_after: QUEUE_FULL_RETRY_AFTER,
             })
@@ -186,6 +201,27 @@ impl Limiter for LocalLimiter {
         drop(keys);
         self.changed();
         admitted
+    }
+
+    async fn peek(&self, key: i64, limits: &KeyLimits) -> Result<(), Denial> {
+        let keys = self.lock();
+        let Some(state) = keys.get(&key) else {
+            return Ok(());
+        };
+        if limits.requests_per_minute > 0 {
+            let wait = state
+                .rate_wait(limits.requests_per_minute, Instant::now())
+                .0;
+            if !wait.is_zero() {
+                return Err(Denial::RateLimited { retry_after: wait });
+            }
+        }
+        if !state.may_start(limits) && state.queue_full(limits) {
+            return Err(Denial::QueueFull {
+                retry_after: QUEUE_FULL_RETRY_AFTER,
+            });
+        }
+        Ok(())
     }
 
     async fn wait_turn(

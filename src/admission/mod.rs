@@ -169,6 +169,12 @@ pub trait Limiter: Send + Sync + 'static {
         lease: &Lease,
     ) -> Result<Admitted, Denial>;
 
+    /// Whether [`Limiter::admit`] would refuse the key now on its rate or on its full
+    /// queue, taking nothing: a request it would refuse is refused before anything that
+    /// costs the fleet is done for it (counting its prompt's tokens). One let through is
+    /// decided again, and counted, by `admit`.
+    async fn peek(&self, key: i64, limits: &KeyLimits) -> Result<(), Denial>;
+
     /// For a queued lease: waits until it is first in its key's queue and a slot is free,
     /// then takes the slot and reserves the budget (in one step). If the budget refuses,
     /// the lease leaves the queue. Dropping the future does not leave the queue: call

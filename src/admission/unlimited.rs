@@ -29,6 +29,11 @@ impl Limiter for Unlimited {
         Ok(Admitted::Running(full_grant(cost)))
     }
 
+    /// Nothing is ever refused.
+    async fn peek(&self, _: i64, _: &KeyLimits) -> Result<(), Denial> {
+        Ok(())
+    }
+
     /// Never reached: nothing queues.
     async fn wait_turn(
         &self,

@@ -103,6 +103,39 @@ pub async fn check(
     Ok(())
 }
 
+/// The key whose rate and queue a request must still pass, asked before anything that
+/// costs the fleet is done for the request (counting its prompt's tokens).
+#[derive(Clone, Copy)]
+pub struct Gate<'a> {
+    pub state: &'a AppState,
+    pub key: i64,
+    pub limits: &'a KeyLimits,
+}
+
+impl Gate<'_> {
+    /// Refuses at once what [`admit`] would refuse on the key's rate or its full queue,
+    /// taking nothing (see [`crate::admission::Limiter::peek`]). A backend that does not
+    /// answer lets the request through: `admit` decides, and says so.
+    pub async fn pass(&self) -> Result<(), ApiError> {
+        match self.state.limiter().peek(self.key, self.limits).await {
+            Ok(()) | Err(Denial::Unavailable(_)) => Ok(()),
+            Err(denial) => {
+                count_refusal(self.state, &denial);
+                Err(refusal(self.state, self.key, self.limits, denial).await)
+            }
+        }
+    }
+}
+
+fn count_refusal(state: &AppState, denial: &Denial) {
+    state.metrics().admission_refused(match denial {
+        Denial::RateLimited { .. } => Refusal::RateLimited,
+        Denial::QueueFull { .. } => Refusal::QueueFull,
+        Denial::BudgetExceeded { .. } => Refusal::BudgetExceeded,
+        Denial::Unavailable(_) => Refusal::Unavailable,
+    });
+}
+
 /// Counts a refusal, and gives back what a shared backend may have applied unseen.
 async fn refused(
     state: &AppState,
@@ -111,12 +144,7 @@ async fn refused(
     lease: &str,
     denial: Denial,
 ) -> ApiError {
-    state.metrics().admission_refused(match denial {
-        Denial::RateLimited { .. } => Refusal::RateLimited,
-        Denial::QueueFull { .. } => Refusal::QueueFull,
-        Denial::BudgetExceeded { .. } => Refusal::BudgetExceeded,
-        Denial::Unavailable(_) => Refusal::Unavailable,
-    });
+    count_refusal(state, &denial);
     if let (Denial::Unavailable(_), Some(give_back)) = (&denial, state.give_back()) {
         give_back.push(key, lease);
     }

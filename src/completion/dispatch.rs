@@ -97,7 +97,7 @@ pub async fn dispatch(
         };
         let upstream = Arc::clone(in_flight.upstream());
         let metrics = state.metrics().upstream(&model.id, &upstream.gpu);
-        settlement.hold_in_flight(in_flight, metrics.in_flight());
+        settlement.hold_in_flight(in_flight, metrics.clone());
         let lost = upstream.lost();
         if lost.is_cancelled() {
             // Found dead between the pick and now: never sent, so another node may run

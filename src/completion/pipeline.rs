@@ -10,7 +10,7 @@ use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::admit;
+use super::admit::{self, Gate};
 use super::budget_refusal::{self, OnBudgetClamp};
 use super::cold;
 use super::dispatch::{self, Unanswered, Window};
@@ -223,6 +223,7 @@ async fn plan(
     facts: &mut Facts,
     window: Option<Duration>,
     may_wake: bool,
+    gate: Gate<'_>,
 ) -> Result<Plan, ApiError> {
     // Each node found dead while counting tokens is replaced once by another.
     let mut attempts = model.node_count() + 1;
@@ -233,6 +234,7 @@ async fn plan(
                 upstream: facts.node.as_deref(),
                 served: &facts.served,
                 deadline: window.map(|w| DeadlineFit::new(w, model.decode_tokens_per_second)),
+                gate: Some(gate),
             };
             let lost = facts.node.as_ref().map(|node| node.lost());
             let planned = tokio::select! {
@@ -280,6 +282,12 @@ pub async fn admissible(
     window: Option<Duration>,
 ) -> Result<(), ApiError> {
     let Checked { request, model } = checked;
+    let limits = KeyLimits::resolve(&state.config().limits, &key.limits);
+    let gate = Gate {
+        state,
+        key: key.id,
+        limits: &limits,
+    };
     // Never a boot for a submission: with no node up, the checks that need one (the
     // prompt's exact tokens, the context) wait for the run; admission takes the worst
     // case.
@@ -288,7 +296,8 @@ pub async fn admissible(
         None => model.served().map(|served| Facts { node: None, served }),
     };
     let cost = match facts {
-        Some(mut facts) => match plan(state, request, model, &mut facts, window, false).await {
+        Some(mut facts) => match plan(state, request, model, &mut facts, window, false, gate).await
+        {
             Ok(plan) => plan.cost,
             Err(err) if facts.node.is_none() && err.from_upstream() => worst_case(request),
             Err(err) => return Err(err),
@@ -296,7 +305,6 @@ pub async fn admissible(
         None => worst_case(request),
     };
     unless_backlogged(state)?;
-    let limits = KeyLimits::resolve(&state.config().limits, &key.limits);
     admit::check(state, key.id, &limits, &cost, request_id)
         .instrument(tracing::debug_span!("admit"))
         .await
@@ -336,12 +344,17 @@ async fn prepare(
     mode: Mode<'_>,
 ) -> Result<Prepared, ApiError> {
     let window = if request.stream() { None } else { mode.window };
-    let plan = plan(state, request, model, &mut facts, window, true).await?;
-    unless_backlogged(state)?;
     let mut limits = KeyLimits::resolve(&state.config().limits, &key.limits);
     if mode.job.is_some() {
         limits = limits.without_rate();
     }
+    let gate = Gate {
+        state,
+        key: key.id,
+        limits: &limits,
+    };
+    let plan = plan(state, request, model, &mut facts, window, true, gate).await?;
+    unless_backlogged(state)?;
     let grant = admit::admit(state, key.id, &limits, &plan.cost, request_id)
         .instrument(tracing::debug_span!("admit"))
         .await?;
@@ -350,7 +363,8 @@ async fn prepare(
         key.id,
         request_id.to_owned(),
         grant,
-        plan.cost.prompt_tokens,
+        &plan.cost,
+        echoed_prompts(request, &plan),
         record,
     );
     if let Some(job) = mode.job {
@@ -370,6 +384,16 @@ async fn prepare(
         settlement,
         window,
     })
+}
+
+/// The prompt tokens a request's choices repeat before what they generate: each of
+/// the `n` choices of each prompt echoes its prompt.
+fn echoed_prompts(request: &CompletionRequest<'_>, plan: &Plan) -> u64 {
+    if request.echo() {
+        request.n().saturating_mul(plan.cost.prompt_tokens)
+    } else {
+        0
+    }
 }
 
 /// dispatch → relay; for a sleeping model, wake it and commit the answer while it

@@ -2,9 +2,12 @@
 //! (injected when the client left it out), the full-vocabulary prompt-length rule, and
 //! the prompt tokens its budget reservation counts. Token counts come from the upstream's
 //! `/tokenize` only when a cheap upper bound (bytes + BOS for text, the length for token
-//! ids) cannot settle a rule; otherwise the bound is used.
+//! ids) cannot settle a rule; otherwise the bound is used. Before the first count the
+//! request must pass its key's rate and queue (the gate), so that one the limiter would
+//! refuse does not cost the node's tokenizer.
 
 use crate::admission::Cost;
+use crate::completion::admit::Gate;
 use crate::completion::request::{CompletionRequest, Prompt};
 use crate::contract::{FULL_VOCAB_MAX_PROMPT_TOKENS, MAX_OUTPUT_WORK};
 use crate::error::ApiError;
@@ -33,6 +36,9 @@ pub struct Planner<'a> {
     /// For a non-streaming request, the tokens one sequence can decode within the
     /// request window, and the window.
     pub deadline: Option<DeadlineFit>,
+    /// Passed before the first prompt is counted: a request its key's rate or queue
+    /// would refuse costs the node's tokenizer nothing.
+    pub gate: Option<Gate<'a>>,
 }
 
 /// What fits in the window of a non-streaming request.
@@ -76,6 +82,7 @@ impl Planner<'_> {
         let mut tokens = Tokens {
             exact: vec![!request.prompt().is_text(); counts.len()],
             counts,
+            gated: false,
         };
         if request.prompt_logprobs() == Some(-1) {
             for index in 0..tokens.counts.len() {
@@ -160,14 +167,13 @@ impl Planner<'_> {
         let Some(upstream) = self.upstream else {
             return Err(PlanError::NoNodeToCount);
         };
-        let count = self
-            .client
-            .count_tokens(
-                &upstream.url,
-                self.served,
-                text,
-                request.add_special_tokens(),
-            )
+        if !std::mem::replace(&mut tokens.gated, true)
+            && let Some(gate) = &self.gate
+        {
+            gate.pass().await?;
+        }
+        let count = upstream
+            .count_tokens(self.client, self.served, text, request.add_special_tokens())
             .await?;
         tokens.counts[index] = count;
         tokens.exact[index] = true;
@@ -180,4 +186,6 @@ impl Planner<'_> {
 struct Tokens {
     counts: Vec<u64>,
     exact: Vec<bool>,
+    /// Whether the gate was passed (once a request).
+    gated: bool,
 }

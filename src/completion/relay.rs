@@ -8,6 +8,8 @@
 //! - A small JSON answer (a `Content-Length` of at most [`WHOLE_BODY_MAX`]) is read
 //!   whole first, settled, and sent in one write with its length: the client cannot use
 //!   half a JSON body, and it gets the answer only once its slot is free.
+//! - A stream whose node generates past what the request allows is cut there (the
+//!   settlement charges at most the reservation and ejects the node).
 
 use std::future::Future;
 use std::io;
@@ -274,6 +276,10 @@ impl Metered {
                                 self.settlement.meter.push(chunk);
                             }
                             let out = self.settlement.meter.take();
+                            if self.settlement.overran() {
+                                // Cut at the bound: the frames past it are not relayed.
+                                return self.cut_short("the node generated past max_tokens");
+                            }
                             if !out.is_empty() {
                                 if self.first_out == FirstOut::Ahead {
                                     self.first_out = FirstOut::Handed;

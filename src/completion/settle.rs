@@ -2,7 +2,9 @@
 //! upstream error, the client gone, a panic), its slot is released and its reservation
 //! turned into real usage — the ledger row handed to the write-behind writer (the
 //! durable truth, committed within milliseconds and retried until it is), and the live
-//! counters settled at once. A settlement the counters' backend does not confirm (a
+//! counters settled at once. No request is charged more than its reservation: a node
+//! that streams past what `max_tokens` allows, or reports usage beyond the
+//! reservation, is not believed — charged at most the reservation, and ejected. A settlement the counters' backend does not confirm (a
 //! Redis that stalls or is away) is retried in the background until it is confirmed:
 //! `finish` is idempotent per lease, so an attempt that did take effect unseen is not
 //! counted twice.
@@ -15,11 +17,11 @@ use std::time::Duration;
 use tokio_util::task::TaskTracker;
 
 use crate::admission::renewals::Renewal;
-use crate::admission::{Grant, Limiter};
+use crate::admission::{Cost, Grant, Limiter};
 use crate::backoff::Backoff;
 use crate::completion::meter::Meter;
 use crate::fleet::InFlight;
-use crate::metrics::GaugeGuard;
+use crate::metrics::{GaugeGuard, UpstreamMetrics};
 use crate::request_record::RequestRecord;
 use crate::state::AppState;
 use crate::store::{UsageRow, now_unix};
@@ -34,6 +36,9 @@ pub struct Settlement {
     /// Prompt tokens as planned (exact or an upper bound), charged when the upstream
     /// did not report usage.
     prompt_tokens: u64,
+    /// The most tokens a stream's frames can count from an honest node (see
+    /// [`Settlement::overran`]).
+    frames_bound: u64,
     pub meter: Meter,
     /// The request's metadata row, held open until the request is settled.
     record: RequestRecord,
@@ -46,24 +51,32 @@ pub struct Settlement {
     /// Counts the request in flight on its upstream (for balancing, and in
     /// `fleetgate_in_flight_requests`) from when it is sent until settled (the body
     /// ended, failed or was dropped).
-    in_flight: Option<(InFlight, GaugeGuard)>,
+    in_flight: Option<(InFlight, GaugeGuard, UpstreamMetrics)>,
     settled: bool,
     /// The usage row's id, when not the lease (see [`Settlement::charge_as`]).
     usage_id: Option<String>,
 }
 
 impl Settlement {
+    /// `cost`: what the request was planned to cost; `echoed`: the prompt tokens its
+    /// choices repeat before what they generate (`echo`), which a stream's logprobs count.
     pub fn new(
         state: AppState,
         key: i64,
         lease: String,
         grant: Grant,
-        prompt_tokens: u64,
+        cost: &Cost,
+        echoed: u64,
         record: RequestRecord,
     ) -> Self {
         record.hold();
         let renewal = state.renewals().map(|renewals| renewals.hold(key, &lease));
         let running = Some(state.metrics().admission_running());
+        // Each choice may end with one frame of its own (its finish reason, no token).
+        let frames_bound = cost
+            .fan_out
+            .saturating_mul(grant.max_tokens.saturating_add(1))
+            .saturating_add(echoed);
         Self {
             running,
             in_flight: None,
@@ -73,7 +86,8 @@ impl Settlement {
             key,
             lease,
             grant,
-            prompt_tokens,
+            prompt_tokens: cost.prompt_tokens,
+            frames_bound,
             meter: Meter::json(),
             charged: true,
             settled: false,
@@ -97,8 +111,8 @@ impl Settlement {
     }
 
     /// Holds the upstream's in-flight counts until the request is settled.
-    pub fn hold_in_flight(&mut self, load: InFlight, gauge: GaugeGuard) {
-        self.in_flight = Some((load, gauge));
+    pub fn hold_in_flight(&mut self, load: InFlight, metrics: UpstreamMetrics) {
+        self.in_flight = Some((load, metrics.in_flight(), metrics));
     }
 
     /// The upstream refused or failed before generating: nothing is charged. Returns
@@ -118,15 +132,32 @@ impl Settlement {
     }
 
     /// Prompt and completion tokens to charge: the upstream's own usage when it
-    /// reported it, else the planned prompt tokens and what was seen generated.
+    /// reported it, else the planned prompt tokens and what was seen generated; never
+    /// more than the reservation together.
     fn tokens(&self) -> (u64, u64) {
         if !self.charged {
             return (0, 0);
         }
-        match self.meter.reported() {
+        let (prompt, completion) = match self.meter.reported() {
             Some(counts) => (counts.prompt_tokens, counts.completion_tokens),
             None => (self.prompt_tokens, self.meter.generated()),
-        }
+        };
+        let prompt = prompt.min(self.grant.reserved);
+        (prompt, completion.min(self.grant.reserved - prompt))
+    }
+
+    /// Whether the node answered beyond what the request allows: its stream's frames
+    /// counted more tokens than `max_tokens` lets it generate, or it reported usage
+    /// beyond the reservation. The frames count at most what was generated (a frame a
+    /// token, or the tokens its logprobs list), so an honest node never overruns.
+    pub fn overran(&self) -> bool {
+        self.meter.generated() > self.frames_bound
+            || self.meter.reported().is_some_and(|counts| {
+                counts
+                    .prompt_tokens
+                    .saturating_add(counts.completion_tokens)
+                    > self.grant.reserved
+            })
     }
 
     /// Settles (idempotent). In process the limiter answers without waiting and this
@@ -140,6 +171,9 @@ impl Settlement {
             return None;
         }
         self.renewal = None;
+        if self.charged && self.overran() {
+            self.distrust();
+        }
         self.in_flight = None;
         self.running = None;
         let (prompt_tokens, completion_tokens) = self.tokens();
@@ -177,6 +211,25 @@ impl Settlement {
             future: Some(settling),
             tasks: self.state.tasks().clone(),
         })
+    }
+}
+
+impl Settlement {
+    /// Ejects the node that overran (see [`Settlement::overran`]), even its model's
+    /// last: what it answers cannot be charged for.
+    fn distrust(&self) {
+        let Some((load, _, metrics)) = &self.in_flight else {
+            return;
+        };
+        let node = load.upstream();
+        tracing::warn!(
+            gpu = %node.gpu,
+            request_id = %self.lease,
+            "node answered beyond the request's max_tokens or reservation; charged at most the reservation, and ejected"
+        );
+        if node.health.misbehaved() {
+            metrics.ejected();
+        }
     }
 }
 

@@ -8,6 +8,8 @@
 //!   passed (half-open); a good answer re-admits the node, a bad one ejects it for
 //!   longer. The streak is cleared only by a request that succeeds, so a node whose
 //!   `/health` says yes while its completions fail is re-admitted ever more rarely.
+//! - A node that answers beyond what it was asked (`misbehaved`) is ejected the same
+//!   way, even when it is its model's last.
 //! - A node that fails a probe while up is declared lost: requests waiting on it are
 //!   cut rather than left hanging (`lost()`).
 
@@ -33,6 +35,9 @@ pub enum DownReason {
     ProbeFailed,
     /// Its model was put to sleep.
     Asleep,
+    /// It answered beyond what it was asked: generated past `max_tokens`, or reported
+    /// usage beyond the request's reservation.
+    Misbehaved,
 }
 
 impl DownReason {
@@ -41,6 +46,7 @@ impl DownReason {
             Self::RequestFailed => "request_failed",
             Self::ProbeFailed => "probe_failed",
             Self::Asleep => "asleep",
+            Self::Misbehaved => "misbehaved",
         }
     }
 }
@@ -113,6 +119,16 @@ impl Health {
         }
         self.eject(&mut state, DownReason::RequestFailed);
         true
+    }
+
+    /// The node answered beyond what it was asked: eject it like a failed request, but
+    /// even when it is its model's last node in rotation, as nothing it answers can be
+    /// charged for. Returns whether it was up.
+    pub fn misbehaved(&self) -> bool {
+        let mut state = self.state();
+        let was_up = state.up;
+        self.eject(&mut state, DownReason::Misbehaved);
+        was_up
     }
 
     /// A request succeeded: the node is fine, whatever its streak said.

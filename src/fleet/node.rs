@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::ejection::Health;
@@ -12,7 +12,13 @@ use super::load::Reported;
 use super::prefix;
 use crate::backoff::Backoff;
 use crate::config::UpstreamConfig;
-use crate::upstream::{Served, UpstreamClient, UpstreamError};
+use crate::error::ApiError;
+use crate::upstream::{QUESTION_TIME, Served, UpstreamClient, UpstreamError};
+
+/// Prompts one gateway has a node's tokenizer count at once: counting runs on the
+/// node's API server, beside the requests it serves, so one key's batch of long text
+/// prompts must not queue it up. More wait their turn (within [`QUESTION_TIME`]).
+pub const TOKENIZE_PER_NODE: usize = 4;
 
 /// One vLLM server.
 pub struct Node {
@@ -35,6 +41,8 @@ pub struct Node {
     /// The model's `freed`.
     freed: Arc<Notify>,
     served: RwLock<Option<Arc<Served>>>,
+    /// Permits to ask its `/tokenize` ([`TOKENIZE_PER_NODE`]).
+    tokenizing: Semaphore,
 }
 
 /// The `max_in_flight` of a node that has none.
@@ -75,6 +83,7 @@ impl Node {
             reported: Reported::default(),
             freed,
             served: RwLock::new(None),
+            tokenizing: Semaphore::new(TOKENIZE_PER_NODE),
         })
     }
 
@@ -153,6 +162,28 @@ impl Node {
             Some(served) => Ok(served),
             None => Ok(self.set_served(client.read_served(&self.url).await?)),
         }
+    }
+
+    /// Counts a text prompt's tokens with the node's tokenizer, at most
+    /// [`TOKENIZE_PER_NODE`] at a time; waiting for a turn and the answer each take at
+    /// most [`QUESTION_TIME`].
+    pub async fn count_tokens(
+        &self,
+        client: &UpstreamClient,
+        served: &Served,
+        prompt: &str,
+        add_special_tokens: bool,
+    ) -> Result<u64, ApiError> {
+        let Ok(Ok(_turn)) = tokio::time::timeout(QUESTION_TIME, self.tokenizing.acquire()).await
+        else {
+            return Err(ApiError::UpstreamUnavailable(format!(
+                "The model server's tokenizer is busy: no turn to count the prompt's tokens within {} s. Retry shortly.",
+                QUESTION_TIME.as_secs()
+            )));
+        };
+        client
+            .count_tokens(&self.url, served, prompt, add_special_tokens)
+            .await
     }
 
     pub fn set_served(&self, served: Served) -> Arc<Served> {

@@ -714,6 +714,35 @@ async fn refusals_count_against_the_rate(fx: Fixture) {
     ));
 }
 
+/// A peek refuses what admit would refuse on the rate or the full queue, and takes
+/// nothing: after any number of peeks, admit decides as if none had been made.
+async fn a_peek_refuses_as_admit_would_and_takes_nothing(fx: Fixture) {
+    let limiter = fx.limiter();
+    // rpm 2, one slot, one queue place.
+    let rated = limits(1000, 2, 1, 1);
+    for _ in 0..5 {
+        limiter.peek(3, &rated).await.unwrap();
+    }
+    running(limiter.admit(3, &rated, &cost(1, 1, 1), "a").await);
+    limiter.peek(3, &rated).await.unwrap();
+    queued(limiter.admit(3, &rated, &cost(1, 1, 1), "b").await);
+    assert!(matches!(
+        limiter.peek(3, &rated).await,
+        Err(Denial::RateLimited { .. })
+    ));
+    assert_eq!(limiter.occupancy(3).await.unwrap(), (1, 1));
+
+    // No rate: the full queue refuses.
+    let unrated = limits(1000, 0, 1, 1);
+    assert!(matches!(
+        limiter.peek(3, &unrated).await,
+        Err(Denial::QueueFull { .. })
+    ));
+    limiter.leave(3, "b").await.unwrap();
+    limiter.peek(3, &unrated).await.unwrap();
+    assert_eq!(limiter.occupancy(3).await.unwrap(), (1, 0));
+}
+
 // ---------------------------------------------------------------------------------------
 // Redis only: replicas, leases, outages
 // ---------------------------------------------------------------------------------------
@@ -1180,6 +1209,7 @@ limiter_tests! {
         finish_and_leave_are_idempotent,
         rate_allows_a_burst_then_limits,
         refusals_count_against_the_rate,
+        a_peek_refuses_as_admit_would_and_takes_nothing,
     ],
     redis_only: [
         waiters_wake_across_replicas,

@@ -18,6 +18,8 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod abuse_admission;
+mod abuse_nodes;
 mod admin;
 mod admission;
 mod cold_boot;

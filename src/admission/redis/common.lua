@@ -55,6 +55,15 @@ local EXPIRY_SLACK_MS = 10000
 -- Lets `key` expire no sooner than `at_ms` (Unix ms). Never brings an expiry forward, so
 -- a key outlives everything that was ever promised it. (Compared here rather than with
 -- PEXPIREAT's GT flag, which needs Redis 7.)
+-- GCRA: a burst of `rpm` starts, then one every 60 s / rpm. How long until the next
+-- start is allowed (µs; 0: now), and the key's arrival time after that start.
+local function rate_wait(rate, rpm, now)
+  local interval = math.floor(60000000 / rpm)
+  local tolerance = interval * (rpm - 1)
+  local tat = math.max(tonumber(redis.call('GET', rate) or now), now)
+  return math.max(tat - tolerance - now, 0), tat + interval
+end
+
 local function expire_no_sooner(key, at_ms)
   local ttl = redis.call('PTTL', key)
   if ttl == -2 then

@@ -154,6 +154,7 @@ struct Scripts {
     renew: resp::Script,
     usage: resp::Script,
     occupancy: resp::Script,
+    peek: resp::Script,
 }
 
 /// Redis key names of one API key.
@@ -207,6 +208,7 @@ impl RedisLimiter {
                 renew: script!("renew.lua"),
                 usage: script!("usage.lua"),
                 occupancy: script!("occupancy.lua"),
+                peek: script!("peek.lua"),
             },
             names: Mutex::new(FxHashMap::default()),
             journal: journal::JournalKeys::new(key_prefix),
@@ -397,20 +399,38 @@ impl Limiter for RedisLimiter {
             match code(&reply) {
                 SEED => self.seed(key, month).await?,
                 QUEUED => return Ok(Admitted::Queued),
-                RATE_LIMITED => {
-                    return Err(Denial::RateLimited {
-                        retry_after: Duration::from_micros(value(&reply, 1)),
-                    });
-                }
-                QUEUE_FULL => {
-                    return Err(Denial::QueueFull {
-                        retry_after: QUEUE_FULL_RETRY_AFTER,
-                    });
-                }
+                RATE_LIMITED | QUEUE_FULL => return Err(refusal(&reply)),
                 _ => return start_reply(&reply, limits, month).map(Admitted::Running),
             }
         }
         Err(seed_failed())
+    }
+
+    async fn peek(&self, key: i64, limits: &KeyLimits) -> Result<(), Denial> {
+        let k = self.keys(key);
+        let reply = self
+            .connections
+            .invoke(
+                "peek",
+                self.scripts
+                    .peek
+                    .call()
+                    .key(&k.rate)
+                    .key(&k.run)
+                    .key(&k.grants)
+                    .key(&k.queue)
+                    .key(&k.qexp)
+                    .arg(limits.requests_per_minute)
+                    .arg(limits.max_concurrent)
+                    .arg(limits.max_queued)
+                    .arg(&self.channel)
+                    .arg(&k.id),
+            )
+            .await?;
+        match code(&reply) {
+            RATE_LIMITED | QUEUE_FULL => Err(refusal(&reply)),
+            _ => done(&reply),
+        }
     }
 
     async fn wait_turn(
@@ -575,6 +595,19 @@ impl Limiter for RedisLimiter {
                 ::redis::cmd("PING").query_async::<()>(&mut c).await
             })
             .await
+    }
+}
+
+/// The denial of a `RATE_LIMITED` or `QUEUE_FULL` reply.
+fn refusal(reply: &[i64]) -> Denial {
+    if code(reply) == RATE_LIMITED {
+        Denial::RateLimited {
+            retry_after: Duration::from_micros(value(reply, 1)),
+        }
+    } else {
+        Denial::QueueFull {
+            retry_after: QUEUE_FULL_RETRY_AFTER,
+        }
     }
 }
 

@@ -36,7 +36,12 @@ pub(crate) async fn handle(State(shared): State<Arc<Shared>>, request: Request) 
             return VllmError::internal().into_response();
         }
         FailureMode::CutStream { after_chunks } => Some(after_chunks),
-        FailureMode::None | FailureMode::Refuse | FailureMode::StreamError { .. } => None,
+        FailureMode::None
+        | FailureMode::Refuse
+        | FailureMode::StreamError { .. }
+        | FailureMode::Endless
+        | FailureMode::Overgenerate
+        | FailureMode::AbsurdUsage => None,
     };
     let mut plan = match request::parse(
         &shared.config,
@@ -52,8 +57,10 @@ pub(crate) async fn handle(State(shared): State<Arc<Shared>>, request: Request) 
     };
     let prompts: Vec<&[u32]> = plan.prompts.iter().map(|p| p.ids.as_slice()).collect();
     shared.prefill(&prompts).await;
-    if let FailureMode::StreamError { after_chunks } = shared.failure() {
-        plan.error_after = Some(after_chunks);
+    match shared.failure() {
+        FailureMode::StreamError { after_chunks } => plan.error_after = Some(after_chunks),
+        FailureMode::AbsurdUsage => plan.absurd_usage = true,
+        _ => {}
     }
     let meta = Meta {
         id: format!(
@@ -63,7 +70,33 @@ pub(crate) async fn handle(State(shared): State<Arc<Shared>>, request: Request) 
         created,
         model: shared.config.served_model_name.clone(),
     };
+    if plan.stream && shared.failure() == FailureMode::Overgenerate {
+        return overgenerated(&shared, &meta, guard);
+    }
     respond(&shared, &plan, &meta, guard, cut).await
+}
+
+/// The `Overgenerate` mode's stream: one-token frames, paced by `token_delay`, until
+/// the client goes away.
+fn overgenerated(shared: &Shared, meta: &Meta, guard: InFlight) -> Response {
+    let chunk = json!({
+        "id": meta.id,
+        "object": "text_completion",
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [{"index": 0, "text": " the", "logprobs": null, "finish_reason": null, "stop_reason": null}],
+        "usage": null,
+    });
+    let frame = Frame {
+        delay: shared.config.token_delay,
+        data: bytes::Bytes::from(format!("data: {chunk}\n\n")),
+    };
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/event-stream; charset=utf-8")],
+        paced_body(std::iter::repeat(frame), guard, None),
+    )
+        .into_response()
 }
 
 /// The `X-Request-Id` header wins over the body's `request_id`; else a fresh uuid4 hex.
@@ -145,10 +178,11 @@ async fn respond(
         tokio::time::sleep(generation).await;
     }
     let prompt_tokens: usize = plan.prompts.iter().map(|p| p.ids.len()).sum();
-    let completion_tokens: usize = choices.iter().map(|(_, g)| g.ids.len()).sum();
+    let completion_tokens =
+        reported_completion_tokens(plan, choices.iter().map(|(_, g)| g.ids.len()).sum());
     let usage = json!({
         "prompt_tokens": prompt_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
+        "total_tokens": prompt_tokens.saturating_add(completion_tokens),
         "completion_tokens": completion_tokens,
         "prompt_tokens_details": null,
     });
@@ -267,6 +301,16 @@ fn choice_body(
             )
         }),
         prompt_token_ids: ids_or_null(prompt_ids),
+    }
+}
+
+/// The completion tokens a usage object reports: those generated, or the
+/// `AbsurdUsage` mode's `i64::MAX`.
+pub(crate) fn reported_completion_tokens(plan: &Plan, generated: usize) -> usize {
+    if plan.absurd_usage {
+        usize::try_from(i64::MAX).unwrap_or(usize::MAX)
+    } else {
+        generated
     }
 }
 

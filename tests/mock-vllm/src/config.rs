@@ -63,6 +63,15 @@ pub enum FailureMode {
     StreamError {
         after_chunks: usize,
     },
+    /// A buggy or hostile server's small answers: /v1/models, /tokenize and /metrics
+    /// answer 200 with a body that never ends, as fast as it is read. Completions and
+    /// /health are as usual.
+    Endless,
+    /// Streams go on past `max_tokens`, a one-token frame at a time (paced by
+    /// `token_delay`), until the client goes away. Non-stream answers are as usual.
+    Overgenerate,
+    /// Every completion reports usage of `i64::MAX` completion tokens, stream or not.
+    AbsurdUsage,
 }
 
 /// A request as the mock received it (on /v1/completions and /tokenize).

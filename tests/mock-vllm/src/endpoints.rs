@@ -1,5 +1,6 @@
 //! The small routes: `/v1/models`, `/tokenize`, `/health`, `/version`,
-//! `/metrics` and FastAPI's 404/405 bodies.
+//! `/metrics` and FastAPI's 404/405 bodies; and the never-ending body of the
+//! `Endless` failure mode.
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -8,6 +9,7 @@ use axum::body::{Body, to_bytes};
 use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
 use serde_json::{Value, json};
 
 use super::config::{FailureMode, ReceivedRequest};
@@ -50,8 +52,33 @@ pub(crate) async fn receive(
     Ok(received)
 }
 
+/// 200 with a JSON body that starts well and never ends (the `Endless` mode): 64 KiB
+/// of blanks at a time, as fast as the client reads, each counted as sent.
+fn endless(shared: &Arc<Shared>) -> Response {
+    const OPENING: &[u8] = b"{\"object\":\"list\",\"data\":[";
+    let blanks = bytes::Bytes::from(vec![b' '; 64 * 1024]);
+    let shared = Arc::clone(shared);
+    let chunks = futures_util::stream::iter(std::iter::once(bytes::Bytes::from_static(OPENING)))
+        .chain(futures_util::stream::repeat(blanks))
+        .map(move |chunk| {
+            shared
+                .endless_sent
+                .fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            Ok::<_, std::io::Error>(chunk)
+        });
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        Body::from_stream(chunks),
+    )
+        .into_response()
+}
+
 pub(crate) async fn models(State(shared): State<Arc<Shared>>) -> Response {
     shared.hang_if_wedged().await;
+    if shared.failure() == FailureMode::Endless {
+        return endless(&shared);
+    }
     let created = now_secs();
     let name = &shared.config.served_model_name;
     let card = json!({
@@ -88,6 +115,9 @@ pub(crate) async fn tokenize(State(shared): State<Arc<Shared>>, request: Request
         Err(response) => return response,
     };
     shared.hang_if_wedged().await;
+    if shared.failure() == FailureMode::Endless {
+        return endless(&shared);
+    }
     match tokenize_body(&shared, &received) {
         Ok(value) => json_response(StatusCode::OK, &value),
         Err(e) => e.into_response(),
@@ -154,6 +184,9 @@ pub(crate) async fn version() -> Response {
 /// Prometheus text with the load-balancing gauges of the V1 engine and its prefix-cache
 /// counters.
 pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    if shared.failure() == FailureMode::Endless {
+        return endless(&shared);
+    }
     let running = shared.in_flight();
     let model = shared
         .config

@@ -42,6 +42,8 @@ pub(crate) struct Plan {
     pub request_id: Option<String>,
     /// Set from [`FailureMode::StreamError`]: fail a stream after this many content chunks.
     pub error_after: Option<usize>,
+    /// Report usage of `i64::MAX` completion tokens (the `AbsurdUsage` mode).
+    pub absurd_usage: bool,
 }
 
 impl Plan {
@@ -291,6 +293,7 @@ pub(crate) fn parse(
         tokens_as_ids,
         request_id,
         error_after: None,
+        absurd_usage: false,
     })
 }
 

@@ -97,6 +97,13 @@ impl MockVllm {
         self.shared.set_failure(mode);
     }
 
+    /// Bytes of never-ending bodies sent so far ([`FailureMode::Endless`]).
+    pub fn endless_bytes_sent(&self) -> u64 {
+        self.shared
+            .endless_sent
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Every request received on /v1/completions and /tokenize, in arrival order.
     pub fn received(&self) -> Vec<ReceivedRequest> {
         self.shared.received()

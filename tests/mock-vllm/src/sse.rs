@@ -8,6 +8,7 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 use super::body::Meta;
+use super::completions::reported_completion_tokens;
 use super::error::stream_error_event;
 use super::generate::{Generated, floor_char_boundary};
 use super::logprobs::{LogprobsJson, StepLogprobs, prompt_rows};
@@ -83,12 +84,15 @@ impl StreamBuilder<'_> {
             frames.push(Frame::new(delay, stream_error_event("mock failure")));
         } else if self.plan.include_usage {
             let prompt_tokens: usize = self.plan.prompts.iter().map(|p| p.ids.len()).sum();
-            let completion_tokens: usize = choices.iter().map(|c| c.generated.ids.len()).sum();
+            let completion_tokens = reported_completion_tokens(
+                self.plan,
+                choices.iter().map(|c| c.generated.ids.len()).sum(),
+            );
             // Serialised with exclude_none: no `prompt_tokens_details` key.
             let mut chunk = self.envelope(json!([]));
             chunk["usage"] = json!({
                 "prompt_tokens": prompt_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
+                "total_tokens": prompt_tokens.saturating_add(completion_tokens),
                 "completion_tokens": completion_tokens,
             });
             frames.push(Frame::new(Duration::ZERO, data(&chunk)));

@@ -3,7 +3,7 @@
 //! prefix cache.
 //! Counters and the gate are `watch` channels so waiters never poll.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
@@ -33,6 +33,8 @@ pub(crate) struct Shared {
     cancelled: watch::Sender<usize>,
     /// `true` while the gate is open.
     gate: watch::Sender<bool>,
+    /// Bytes of never-ending bodies sent (the `Endless` mode).
+    pub endless_sent: AtomicU64,
 }
 
 impl Shared {
@@ -55,6 +57,7 @@ impl Shared {
             in_flight: watch::Sender::new(0),
             cancelled: watch::Sender::new(0),
             gate: watch::Sender::new(true),
+            endless_sent: AtomicU64::new(0),
         }
     }
 
