@@ -29,6 +29,10 @@ impl Limiter for Unlimited {
         Ok(Admitted::Running(full_grant(cost)))
     }
 
+    async fn count_start(&self, _: i64, _: u32) -> Result<(), Denial> {
+        Ok(())
+    }
+
     /// Never reached: nothing queues.
     async fn wait_turn(
         &self,

@@ -40,4 +40,6 @@ mod reload;
 mod router;
 #[macro_use]
 mod store;
+// After `store`: it instantiates its store tests with `store`'s `backend_tests!`.
+mod abuse_noise;
 mod workbench;

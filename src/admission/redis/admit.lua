@@ -22,18 +22,13 @@ local now = now_us()
 local purged, waiting = purge(run, grants, queue, qexp, now)
 announce(channel, key_id, purged, waiting)
 
--- GCRA: a burst of `rpm` starts, then one every 60 s / rpm. rpm 0: a start not counted
--- against the rate (a job's run, whose submission was).
+-- The rate first. rpm 0: a start not counted against the rate (a job's run, whose
+-- submission was).
 if rpm > 0 then
-  local interval = math.floor(60000000 / rpm)
-  local tolerance = interval * (rpm - 1)
-  local tat = math.max(tonumber(redis.call('GET', rate) or now), now)
-  local allowed_at = tat - tolerance
-  if allowed_at > now then
-    return {RATE_LIMITED, allowed_at - now}
+  local retry_after = take_rate(rate, rpm, now)
+  if retry_after then
+    return {RATE_LIMITED, retry_after}
   end
-  local next_tat = tat + interval
-  redis.call('SET', rate, int(next_tat), 'PX', int(math.ceil((next_tat - now) / 1000) + 1000))
 end
 
 if waiting == 0 then

@@ -47,6 +47,21 @@ local function int(x)
   return string.format('%.0f', x)
 end
 
+-- GCRA on the key `rate`: a burst of `rpm` starts, then one every 60 s / rpm. Counts
+-- one start and returns nil, or returns how long (µs) until a start would be allowed.
+local function take_rate(rate, rpm, now)
+  local interval = math.floor(60000000 / rpm)
+  local tolerance = interval * (rpm - 1)
+  local tat = math.max(tonumber(redis.call('GET', rate) or now), now)
+  local allowed_at = tat - tolerance
+  if allowed_at > now then
+    return allowed_at - now
+  end
+  local next_tat = tat + interval
+  redis.call('SET', rate, int(next_tat), 'PX', int(math.ceil((next_tat - now) / 1000) + 1000))
+  return nil
+end
+
 -- How much longer than it must a key is let live when its expiry is pushed on: a busy
 -- key's expiry is then written about once per EXPIRY_SLACK_MS, not with every change
 -- (PTTL alone costs one call, PTTL and PEXPIREAT two). An idle key is gone that much later.

@@ -154,6 +154,7 @@ struct Scripts {
     renew: resp::Script,
     usage: resp::Script,
     occupancy: resp::Script,
+    rate: resp::Script,
 }
 
 /// Redis key names of one API key.
@@ -207,6 +208,7 @@ impl RedisLimiter {
                 renew: script!("renew.lua"),
                 usage: script!("usage.lua"),
                 occupancy: script!("occupancy.lua"),
+                rate: script!("rate.lua"),
             },
             names: Mutex::new(FxHashMap::default()),
             journal: journal::JournalKeys::new(key_prefix),
@@ -411,6 +413,23 @@ impl Limiter for RedisLimiter {
             }
         }
         Err(seed_failed())
+    }
+
+    async fn count_start(&self, key: i64, rpm: u32) -> Result<(), Denial> {
+        let k = self.keys(key);
+        let reply = self
+            .connections
+            .invoke(
+                "rate",
+                self.scripts.rate.call().key(&k.rate).arg(rpm.max(1)),
+            )
+            .await?;
+        match code(&reply) {
+            RATE_LIMITED => Err(Denial::RateLimited {
+                retry_after: Duration::from_micros(value(&reply, 1)),
+            }),
+            _ => done(&reply),
+        }
     }
 
     async fn wait_turn(
