@@ -24,6 +24,7 @@ pub mod request_record;
 pub mod server;
 pub mod state;
 pub mod store;
+mod throttled;
 pub mod traces;
 pub mod upstream;
 pub mod wire;

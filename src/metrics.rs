@@ -77,6 +77,12 @@ fn routing_index(decision: Decision) -> Option<usize> {
     }
 }
 
+/// `{code}`: an error code.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CodeLabels {
+    code: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: &'static str,
@@ -198,6 +204,7 @@ struct Inner {
     jobs_running: Gauge,
     harvest_waiting: Gauge,
     harvest_declined: Counter,
+    unauthenticated_refusals: Family<CodeLabels, Counter>,
 }
 
 /// `{status}` of a job.
@@ -420,6 +427,15 @@ impl Metrics {
             "Long-polls answered at once with X-Acs-Longpoll: declined because jobs.max_waiters (or the per-key bound) were waiting",
             harvest_declined.clone(),
         );
+        let unauthenticated_refusals = Family::<CodeLabels, Counter>::default();
+        registry.register(
+            "unauthenticated_refusals",
+            "API requests refused (4xx) before a key or the admin token was shown, by error code: invalid_api_key (no key, a malformed, unknown or revoked one), not_found, …; only a sample of them, one a second, is logged and recorded in the request log",
+            unauthenticated_refusals.clone(),
+        );
+        let _ = unauthenticated_refusals.get_or_create(&CodeLabels {
+            code: "invalid_api_key".to_owned(),
+        });
         for reason in ConnectionRefusal::ALL {
             let _ = connection_refusals.get_or_create(&ReasonLabels {
                 reason: reason.as_str(),
@@ -456,6 +472,7 @@ impl Metrics {
             jobs_running,
             harvest_waiting,
             harvest_declined,
+            unauthenticated_refusals,
         }));
         for model in fleet.models() {
             for upstream in model.nodes().iter() {
@@ -659,6 +676,16 @@ impl Metrics {
             .connection_refusals
             .get_or_create(&ReasonLabels {
                 reason: reason.as_str(),
+            })
+            .inc();
+    }
+
+    /// An API request refused before anybody was authenticated, with its error code.
+    pub fn unauthenticated_refusal(&self, code: Option<&str>) {
+        self.0
+            .unauthenticated_refusals
+            .get_or_create(&CodeLabels {
+                code: code.unwrap_or("").to_owned(),
             })
             .inc();
     }

@@ -17,6 +17,11 @@
 //! - **Back-pressure**: the queue is bounded ([`RequestLogConfig::capacity`]); when it is
 //!   full (the database is far behind) a new row is dropped and counted, with a warning
 //!   at most once a second. Requests are never slowed down by the log.
+//! - **Unauthenticated noise**: of the requests refused before anybody was
+//!   authenticated, one a second ([`UNAUTHENTICATED_SAMPLE_EVERY`]) is recorded; the
+//!   rest are only counted (see `request_record`). Noise thus puts at most one row a
+//!   second into the queue, and can never fill it with rows that push out the served
+//!   requests'.
 //! - **Failures**: a failed batch is retried with back-off
 //!   ([`RequestLogConfig::write_attempts`] attempts in all), then dropped, counted and
 //!   logged with its row count only (never row contents).
@@ -40,6 +45,10 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff::Backoff;
 use crate::batching::{self, Batching, Queue, Sink};
 use crate::store::{RequestLogRow, Store, StoreError};
+use crate::throttled::Throttled;
+
+/// At most one request refused before authentication is logged and recorded this often.
+pub const UNAUTHENTICATED_SAMPLE_EVERY: Duration = Duration::from_secs(1);
 
 /// Tuning of the writer; [`Default`] is what the gateway uses.
 #[derive(Debug, Clone)]
@@ -105,6 +114,8 @@ struct Shared {
     started: Instant,
     /// Milliseconds after `started` of the last warning, plus one (0: never warned).
     last_warning_ms: AtomicU64,
+    /// Which unauthenticated refusal is the sample.
+    unauthenticated: Throttled,
 }
 
 #[derive(Default)]
@@ -154,6 +165,7 @@ impl RequestLog {
                 writer: tokio::sync::Mutex::new(Some(handle)),
                 started: Instant::now(),
                 last_warning_ms: AtomicU64::new(0),
+                unauthenticated: Throttled::new(UNAUTHENTICATED_SAMPLE_EVERY),
             }),
         }
     }
@@ -167,6 +179,13 @@ impl RequestLog {
             Err(mpsc::error::TrySendError::Full(_)) => self.dropped("the queue is full"),
             Err(mpsc::error::TrySendError::Closed(_)) => self.dropped("the log is closed"),
         }
+    }
+
+    /// For a request refused before anybody was authenticated: `Some(n)` when it is the
+    /// sample to log and record (at most one every [`UNAUTHENTICATED_SAMPLE_EVERY`]),
+    /// `n` being how many were left out since the last one; `None`: leave it out.
+    pub fn sample_unauthenticated(&self) -> Option<u64> {
+        self.shared.unauthenticated.note()
     }
 
     /// Resolves once every row recorded before the call (on any clone) has been written,

@@ -8,6 +8,13 @@
 //! when the last holder lets go, so streams are logged with their final token counts
 //! and full latency. The request metrics are counted at the same moment, from the same
 //! row.
+//!
+//! A request refused before anybody was authenticated (no key, a bad one, a route that
+//! does not exist: a 4xx without a caller) is noise anyone can send by the thousand: it
+//! is counted (`fleetgate_unauthenticated_refusals_total`), but only a sample of it,
+//! one a second, is logged and recorded, with how many were left out since
+//! ([`RequestLog::sample_unauthenticated`]). So noise costs neither a log line nor a
+//! row apiece, and never crowds the served requests' rows out of the log's queue.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
@@ -27,6 +34,8 @@ struct Open {
     started: Instant,
     /// Parties that must let go before the row is written.
     holders: u8,
+    /// A key or the admin token was shown (see [`RequestRecord::set_authenticated`]).
+    authenticated: bool,
     log: RequestLog,
     metrics: Metrics,
     /// The request's span (see `request_span`), entered to write the line: a stream's
@@ -63,6 +72,7 @@ impl RequestRecord {
             },
             started: Instant::now(),
             holders: 1,
+            authenticated: false,
             log: state.request_log().clone(),
             metrics: state.metrics().clone(),
             span: tracing::Span::current(),
@@ -80,11 +90,18 @@ impl RequestRecord {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The key the request was made with (which authenticates it).
     pub fn set_caller(&self, key_id: i64, key_prefix: &str, email: Option<&str>) {
         let mut open = self.lock();
+        open.authenticated = true;
         open.row.key_id = Some(key_id);
         open.row.key_prefix = Some(key_prefix.to_owned());
         open.row.email = email.map(str::to_owned);
+    }
+
+    /// The request showed a credential that names no key: the admin token.
+    pub fn set_authenticated(&self) {
+        self.lock().authenticated = true;
     }
 
     pub fn set_model(&self, model: &str) {
@@ -123,15 +140,35 @@ impl RequestRecord {
                 completion_tokens: open.row.completion_tokens,
                 latency,
             });
-            open.span.in_scope(|| log_line(&open.row));
+            let left_out = if open.refused_unauthenticated() {
+                open.metrics
+                    .unauthenticated_refusal(open.row.error_code.as_deref());
+                // Not the sample: neither a line nor a row.
+                let Some(left_out) = open.log.sample_unauthenticated() else {
+                    return;
+                };
+                Some(left_out)
+            } else {
+                None
+            };
+            open.span.in_scope(|| log_line(&open.row, left_out));
             open.log.record(open.row.clone());
         }
     }
 }
 
+impl Open {
+    /// Refused (4xx) before a key or the admin token was shown: noise anybody can send.
+    fn refused_unauthenticated(&self) -> bool {
+        !self.authenticated && (400..500).contains(&self.row.status)
+    }
+}
+
 /// One log line per API request, with the same metadata as its row (JSON with
-/// `log_format = "json"`): never a key secret, a prompt or a completion.
-fn log_line(row: &RequestLogRow) {
+/// `log_format = "json"`): never a key secret, a prompt or a completion. For the sample
+/// of unauthenticated refusals, `unauthenticated_left_out` says how many such requests
+/// since the last sample got no line.
+fn log_line(row: &RequestLogRow, unauthenticated_left_out: Option<u64>) {
     tracing::info!(
         request_id = %row.request_id,
         endpoint = %row.endpoint,
@@ -143,6 +180,7 @@ fn log_line(row: &RequestLogRow) {
         completion_tokens = row.completion_tokens.unwrap_or(0),
         latency_ms = row.latency_ms,
         workload = row.workload.as_deref().unwrap_or(""),
+        unauthenticated_left_out,
         "request finished"
     );
 }

@@ -42,7 +42,8 @@ impl Exporter {
             .with_endpoint(format!("{}{TRACES_PATH}", endpoint.trim_end_matches('/')))
             .build()?;
         // Parent-based: a client's sampling decision (its `traceparent` flags) is kept,
-        // so a trace is whole or absent; new traces are kept at `sample_ratio`.
+        // so a trace is whole or absent; new traces are kept at `sample_ratio`. Only an
+        // authenticated request continues a client's trace (`every_request`).
         let sampler =
             Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(settings.sample_ratio)));
         let provider = SdkTracerProvider::builder()

@@ -267,6 +267,44 @@ fn unknown_config_keys_stop_the_start_with_their_name() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("listen_port"));
 }
 
+/// The admin token the deploy recipes ship as a sample, or any other that says
+/// `change-me`, stops `serve` with a message saying how to make a real one.
+#[test]
+fn a_placeholder_admin_token_stops_the_start_saying_how_to_make_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "http://127.0.0.1:1");
+    for token in [
+        "sample-admin-token-change-me",
+        "our-production-token-CHANGE_ME",
+    ] {
+        let mut child = Command::new(FLEETGATE)
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env("FLEETGATE_ADMIN_TOKEN", token)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let server = Proc(child);
+        let line = wait_for_line(stderr, "placeholder".to_owned(), |line| {
+            (line.contains("fleetgate listening") || line.starts_with("error: "))
+                .then(|| line.to_owned())
+        });
+        assert!(
+            line.starts_with("error: "),
+            "fleetgate started with the admin token {token}: {line}"
+        );
+        assert!(line.contains("admin_token"), "{line}");
+        assert!(line.contains("openssl rand -hex 32"), "{line}");
+        assert!(
+            !line.contains(token),
+            "the token itself is not repeated: {line}"
+        );
+        let mut server = server;
+        assert!(!server.0.wait().unwrap().success());
+    }
+}
+
 /// A config error is one line that says each problem once, by key, with no backtrace
 /// even when the user runs with `RUST_BACKTRACE=1`; so is any other CLI error.
 #[test]

@@ -298,6 +298,58 @@ async fn a_client_traceparent_is_continued() {
     );
 }
 
+/// A client's sampled flag is honoured only once its request has shown a key: with
+/// `sample_ratio = 0`, an unauthenticated request's `traceparent` exports nothing, while
+/// an authenticated one's still does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_an_authenticated_traceparent_forces_export() {
+    let (collector, received) = receiver().await;
+    let mock = MockVllm::start(MockConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(
+        dir.path(),
+        &mock.url(),
+        &format!("otlp_endpoint = \"{collector}\"\nsample_ratio = 0.0"),
+    );
+    let secret = create_key(&config, "traces");
+    let (server, url) = serve(&config, "traced");
+    let client = reqwest::Client::new();
+    let authenticated = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let anonymous = "5ce92f3577b34da6a3ce929d0e0e4737";
+    let models = |trace: &str| {
+        client
+            .get(format!("{url}/v1/models"))
+            .header("traceparent", format!("00-{trace}-00f067aa0ba902b7-01"))
+    };
+    let served = models(authenticated).bearer_auth(&secret).send().await;
+    assert_eq!(served.unwrap().status(), 200);
+    for key in [None, Some("sk-not-a-key")] {
+        let mut request = models(anonymous);
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        assert_eq!(request.send().await.unwrap().status(), 401);
+    }
+    stop(server).await;
+    let received = received.lock().unwrap();
+    let exported = |trace: &str| {
+        received
+            .spans
+            .iter()
+            .filter(|s| hex(&s.trace_id) == trace)
+            .count()
+    };
+    assert!(
+        exported(authenticated) > 0,
+        "an authenticated traceparent is followed"
+    );
+    assert_eq!(
+        exported(anonymous),
+        0,
+        "an unauthenticated traceparent forced export"
+    );
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

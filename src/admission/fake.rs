@@ -61,6 +61,9 @@ impl Limiter for Backend {
     async fn wait_turn(&self, _: i64, _: &KeyLimits, _: &Cost, _: &Lease) -> Result<Grant, Denial> {
         Err(down())
     }
+    async fn count_start(&self, _: i64, _: u32) -> Result<(), Denial> {
+        Err(down())
+    }
     async fn leave(&self, _: i64, lease: &Lease) -> Result<(), Denial> {
         self.attempts.lock().unwrap().push(lease.to_owned());
         self.answer()

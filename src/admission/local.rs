@@ -270,6 +270,13 @@ impl Limiter for LocalLimiter {
         }
     }
 
+    async fn count_start(&self, key: i64, rpm: u32) -> Result<(), Denial> {
+        self.lock()
+            .entry(key)
+            .or_default()
+            .check_rate(rpm, Instant::now())
+    }
+
     async fn leave(&self, key: i64, lease: &Lease) -> Result<(), Denial> {
         let mut keys = self.lock();
         if let Some(state) = keys.get_mut(&key) {

@@ -175,6 +175,12 @@ pub trait Limiter: Send + Sync + 'static {
     /// decided again, and counted, by `admit`.
     async fn peek(&self, key: i64, limits: &KeyLimits) -> Result<(), Denial>;
 
+    /// Counts one start against the key's rate (`rpm`, at least 1), as [`Limiter::admit`]
+    /// does, and takes nothing else: no slot, no queue place, no budget. For requests
+    /// that run no completion but must not be free (the Workbench's routes). Refuses
+    /// with `RateLimited` (or `Unavailable`) only.
+    async fn count_start(&self, key: i64, rpm: u32) -> Result<(), Denial>;
+
     /// For a queued lease: waits until it is first in its key's queue and a slot is free,
     /// then takes the slot and reserves the budget (in one step). If the budget refuses,
     /// the lease leaves the queue. Dropping the future does not leave the queue: call

@@ -34,6 +34,10 @@ impl Limiter for Unlimited {
         Ok(())
     }
 
+    async fn count_start(&self, _: i64, _: u32) -> Result<(), Denial> {
+        Ok(())
+    }
+
     /// Never reached: nothing queues.
     async fn wait_turn(
         &self,

@@ -1,47 +1,18 @@
 //! The admission step of a completion: ask the key's limiter for a running slot and a
 //! budget reservation, waiting in the key's queue when all slots are taken.
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::admission::{Admitted, Cost, Denial, Grant, KeyLimits, Month, Usage};
 use crate::error::ApiError;
 use crate::metrics::Refusal;
 use crate::state::AppState;
 use crate::store::now_unix;
+use crate::throttled::Throttled;
 
-/// While the backend is away every request is refused: one log line a second says so.
-static UNAVAILABLE: Throttled = Throttled::new();
-
-/// A log line for repeated refusals, written at most once per [`Throttled::EVERY`]
-/// with how many there were since the last one.
-struct Throttled {
-    last: Mutex<Option<Instant>>,
-    since: AtomicU64,
-}
-
-impl Throttled {
-    const EVERY: Duration = Duration::from_secs(1);
-
-    const fn new() -> Self {
-        Self {
-            last: Mutex::new(None),
-            since: AtomicU64::new(0),
-        }
-    }
-
-    fn note(&self, reason: &str) {
-        let refused = self.since.fetch_add(1, Ordering::Relaxed) + 1;
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        if last.is_some_and(|at| at.elapsed() < Self::EVERY) {
-            return;
-        }
-        *last = Some(Instant::now());
-        self.since.store(0, Ordering::Relaxed);
-        tracing::error!(%reason, refused, "admission backend unavailable; refusing requests (count since the last such line)");
-    }
-}
+/// While the backend is away every request is refused: one log line a second says so,
+/// with how many there were since the last such line.
+static UNAVAILABLE: Throttled = Throttled::new(Duration::from_secs(1));
 
 /// Admits `lease` (the request id) for `key`, waiting in line if needed. A client that
 /// goes away meanwhile gives back whatever the limiter may have given it ([`Asking`]).
@@ -127,13 +98,21 @@ impl Gate<'_> {
     }
 }
 
-fn count_refusal(state: &AppState, denial: &Denial) {
-    state.metrics().admission_refused(match denial {
-        Denial::RateLimited { .. } => Refusal::RateLimited,
-        Denial::QueueFull { .. } => Refusal::QueueFull,
-        Denial::BudgetExceeded { .. } => Refusal::BudgetExceeded,
-        Denial::Unavailable(_) => Refusal::Unavailable,
-    });
+/// Counts one start of a request that runs no completion against the key's rate, as
+/// [`admit`] counts a completion's: over the rate, the same `rate_limited` refusal. No
+/// slot, queue place or budget is taken.
+pub async fn count_start(state: &AppState, key: i64, limits: &KeyLimits) -> Result<(), ApiError> {
+    match state
+        .limiter()
+        .count_start(key, limits.requests_per_minute)
+        .await
+    {
+        Ok(()) => Ok(()),
+        Err(denial) => {
+            count_refusal(state, &denial);
+            Err(refusal(state, key, limits, denial).await)
+        }
+    }
 }
 
 /// Counts a refusal, and gives back what a shared backend may have applied unseen.
@@ -149,6 +128,15 @@ async fn refused(
         give_back.push(key, lease);
     }
     refusal(state, key, limits, denial).await
+}
+
+fn count_refusal(state: &AppState, denial: &Denial) {
+    state.metrics().admission_refused(match denial {
+        Denial::RateLimited { .. } => Refusal::RateLimited,
+        Denial::QueueFull { .. } => Refusal::QueueFull,
+        Denial::BudgetExceeded { .. } => Refusal::BudgetExceeded,
+        Denial::Unavailable(_) => Refusal::Unavailable,
+    });
 }
 
 /// The client-facing error for a refusal.
@@ -178,7 +166,10 @@ async fn refusal(state: &AppState, key: i64, limits: &KeyLimits, denial: Denial)
             month,
         } => budget_exceeded(budget, Usage { used, reserved }, needed, month),
         Denial::Unavailable(reason) => {
-            UNAVAILABLE.note(&reason);
+            if let Some(held) = UNAVAILABLE.note() {
+                let refused = held + 1;
+                tracing::error!(%reason, refused, "admission backend unavailable; refusing requests (count since the last such line)");
+            }
             ApiError::AdmissionUnavailable
         }
     }

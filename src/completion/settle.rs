@@ -4,7 +4,9 @@
 //! durable truth, committed within milliseconds and retried until it is), and the live
 //! counters settled at once. No request is charged more than its reservation: a node
 //! that streams past what `max_tokens` allows, or reports usage beyond the
-//! reservation, is not believed — charged at most the reservation, and ejected. A settlement the counters' backend does not confirm (a
+//! reservation, is not believed — charged at most the reservation, and ejected. A
+//! whole answer cut short before the node reported its usage is charged for what the
+//! node's learned decode speed says it generated meanwhile (`fleet::DecodeRate`). A settlement the counters' backend does not confirm (a
 //! Redis that stalls or is away) is retried in the background until it is confirmed:
 //! `finish` is idempotent per lease, so an attempt that did take effect unseen is not
 //! counted twice.
@@ -12,7 +14,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker, ready};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio_util::task::TaskTracker;
 
@@ -39,6 +41,8 @@ pub struct Settlement {
     /// The most tokens a stream's frames can count from an honest node (see
     /// [`Settlement::overran`]).
     frames_bound: u64,
+    /// Sequences generated side by side: `prompt_count × n`.
+    fan_out: u64,
     pub meter: Meter,
     /// The request's metadata row, held open until the request is settled.
     record: RequestRecord,
@@ -52,6 +56,8 @@ pub struct Settlement {
     /// `fleetgate_in_flight_requests`) from when it is sent until settled (the body
     /// ended, failed or was dropped).
     in_flight: Option<(InFlight, GaugeGuard, UpstreamMetrics)>,
+    /// When the request was sent to its node (with `in_flight`).
+    sent: Option<Instant>,
     settled: bool,
     /// The usage row's id, when not the lease (see [`Settlement::charge_as`]).
     usage_id: Option<String>,
@@ -80,6 +86,7 @@ impl Settlement {
         Self {
             running,
             in_flight: None,
+            sent: None,
             renewal,
             record,
             state,
@@ -88,6 +95,7 @@ impl Settlement {
             grant,
             prompt_tokens: cost.prompt_tokens,
             frames_bound,
+            fan_out: cost.fan_out,
             meter: Meter::json(),
             charged: true,
             settled: false,
@@ -110,9 +118,11 @@ impl Settlement {
         &self.grant
     }
 
-    /// Holds the upstream's in-flight counts until the request is settled.
+    /// Holds the upstream's in-flight counts until the request is settled; the request
+    /// is sent to it now.
     pub fn hold_in_flight(&mut self, load: InFlight, metrics: UpstreamMetrics) {
         self.in_flight = Some((load, metrics.in_flight(), metrics));
+        self.sent = Some(Instant::now());
     }
 
     /// The upstream refused or failed before generating: nothing is charged. Returns
@@ -140,10 +150,24 @@ impl Settlement {
         }
         let (prompt, completion) = match self.meter.reported() {
             Some(counts) => (counts.prompt_tokens, counts.completion_tokens),
-            None => (self.prompt_tokens, self.meter.generated()),
+            None => (self.prompt_tokens, self.generated()),
         };
         let prompt = prompt.min(self.grant.reserved);
         (prompt, completion.min(self.grant.reserved - prompt))
+    }
+
+    /// What the node generated, as far as can be told without its usage: what a
+    /// stream's frames counted, or, for a whole answer cut short (its client gone, its
+    /// job cancelled), the time it ran at the node's decode speed.
+    fn generated(&self) -> u64 {
+        match (&self.meter, &self.in_flight, self.sent) {
+            (Meter::Json(_), Some((load, ..)), Some(sent)) => load.upstream().decode.generated(
+                sent.elapsed(),
+                self.fan_out,
+                self.grant.max_tokens,
+            ),
+            _ => self.meter.generated(),
+        }
     }
 
     /// Whether the node answered beyond what the request allows: its stream's frames
@@ -171,12 +195,14 @@ impl Settlement {
             return None;
         }
         self.renewal = None;
+        let (prompt_tokens, completion_tokens) = self.tokens();
         if self.charged && self.overran() {
             self.distrust();
+        } else {
+            self.learn_speed();
         }
         self.in_flight = None;
         self.running = None;
-        let (prompt_tokens, completion_tokens) = self.tokens();
         self.record.set_tokens(prompt_tokens, completion_tokens);
         self.record.release();
         let state = self.state.clone();
@@ -215,6 +241,20 @@ impl Settlement {
 }
 
 impl Settlement {
+    /// Teaches the node's decode speed what this whole answer took, when the node
+    /// reported what it generated. (A stream's time is also its client's reading pace.)
+    fn learn_speed(&self) {
+        if let (Meter::Json(_), Some(counts), Some((load, ..)), Some(sent)) = (
+            &self.meter,
+            self.meter.reported(),
+            &self.in_flight,
+            self.sent,
+        ) {
+            let each = counts.completion_tokens as f64 / self.fan_out.max(1) as f64;
+            load.upstream().decode.learn(each, sent.elapsed());
+        }
+    }
+
     /// Ejects the node that overran (see [`Settlement::overran`]), even its model's
     /// last: what it answers cannot be charged for.
     fn distrust(&self) {

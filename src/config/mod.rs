@@ -18,6 +18,6 @@ pub use fleet::{FleetSettings, ModelConfig, PREFIX_BLOCK_BYTES, Routing, Upstrea
 pub use jobs::JobSettings;
 pub use load::ConfigError;
 pub use schema::{
-    AdminToken, Config, ConnectionSettings, LimitDefaults, LogFormat, TraceSettings,
-    UpstreamSettings, WorkbenchSettings,
+    AdminToken, Config, ConnectionSettings, LimitDefaults, LogFormat, RequestLogSettings,
+    TraceSettings, UpstreamSettings, WorkbenchSettings,
 };

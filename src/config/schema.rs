@@ -67,6 +67,9 @@ pub struct Config {
     /// Completion jobs: workers, long-polls, retention.
     #[serde(default)]
     pub jobs: JobSettings,
+    /// The request log's retention.
+    #[serde(default)]
+    pub request_log: RequestLogSettings,
     pub models: Vec<ModelConfig>,
     /// The file this was loaded from, which a reload reads again (`reload.rs`); `None`
     /// for a config built from a string.
@@ -105,6 +108,24 @@ impl Default for WorkbenchSettings {
     }
 }
 
+/// The request log (`request_log`, `background::request_log_retention`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestLogSettings {
+    /// Days a request's metadata row is kept; older rows are deleted by an hourly
+    /// sweep. 0 keeps them forever.
+    #[serde(default = "default_retention_days")]
+    pub retention_days: u32,
+}
+
+impl Default for RequestLogSettings {
+    fn default() -> Self {
+        Self {
+            retention_days: default_retention_days(),
+        }
+    }
+}
+
 /// Where and how much of the request path is traced (`src/traces.rs`).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -117,9 +138,11 @@ pub struct TraceSettings {
     /// `service.name` of the exported spans.
     #[serde(default = "default_service_name")]
     pub service_name: String,
-    /// Share of new traces kept, 0 to 1. A request that arrives with a `traceparent`
-    /// follows its sampled flag instead (parent-based sampling), so a trace is kept or
-    /// dropped whole across client, gateway and vLLM.
+    /// Share of new traces kept, 0 to 1. An authenticated request (a valid key or the
+    /// admin token) that arrives with a `traceparent` follows its sampled flag instead
+    /// (parent-based sampling), so a trace is kept or dropped whole across client,
+    /// gateway and vLLM; an unauthenticated one starts a trace of its own, kept at this
+    /// ratio like any other.
     #[serde(default = "default_sample_ratio")]
     pub sample_ratio: f64,
 }
@@ -315,6 +338,9 @@ fn default_checkpoint_ttl_secs() -> u64 {
 }
 fn default_checkpoint_sweep_secs() -> u64 {
     3600
+}
+fn default_retention_days() -> u32 {
+    90
 }
 fn default_service_name() -> String {
     "fleetgate".to_owned()

@@ -7,7 +7,10 @@ use std::collections::HashSet;
 
 use super::fleet::{FleetSettings, ModelConfig, PREFIX_BLOCK_BYTES};
 use super::jobs::{self, JobSettings};
-use super::schema::{Config, ConnectionSettings, LimitDefaults, TraceSettings, WorkbenchSettings};
+use super::schema::{
+    AdminToken, Config, ConnectionSettings, LimitDefaults, RequestLogSettings, TraceSettings,
+    WorkbenchSettings,
+};
 use crate::contract::LOGPROBS_LIMIT;
 
 /// The most of a prompt's start that prefix routing hashes: 64 KiB.
@@ -22,6 +25,14 @@ const MAX_DURATION_MS: u64 = 7 * 24 * 3_600_000;
 /// More connection threads than this is a typo, not a machine.
 const MAX_CONNECTION_THREADS: usize = 1024;
 
+/// The longest request-log retention: 100 years (0 keeps rows forever).
+const MAX_RETENTION_DAYS: u32 = 36_500;
+
+/// Words that mark an admin token as a sample to be replaced, compared without case and
+/// without `-`, `_`, `.` or spaces: the deploy recipes' `sample-admin-token-change-me`
+/// says one of them.
+const PLACEHOLDER_WORDS: [&str; 3] = ["changeme", "replaceme", "placeholder"];
+
 impl Config {
     /// The first rule this config breaks, said as the error.
     pub(super) fn validate(&self) -> Result<(), String> {
@@ -32,6 +43,7 @@ impl Config {
         connections(&self.connections)?;
         fleet(&self.fleet)?;
         jobs(&self.jobs)?;
+        request_log(&self.request_log)?;
         self.durations()?;
         traces(&self.traces)
     }
@@ -41,14 +53,15 @@ impl Config {
         if self.max_body_bytes == 0 {
             return Err("max_body_bytes must be at least 1".into());
         }
-        if self
-            .admin_token
-            .as_ref()
-            .is_some_and(|t| t.expose().len() < 16)
-        {
-            return Err("admin_token must be at least 16 characters".into());
+        match &self.admin_token {
+            Some(token) if token.expose().len() < 16 => {
+                Err("admin_token must be at least 16 characters".into())
+            }
+            Some(token) if is_placeholder(token) => Err(
+                "admin_token is a sample value (it says change-me or the like): replace it with a secret of your own, e.g. the output of `openssl rand -hex 32`, or leave it unset to turn the admin API off".into(),
+            ),
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     /// Every `*_ms` setting, of whichever section, is at most [`MAX_DURATION_MS`].
@@ -91,6 +104,28 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// Whether `token` is one of the samples that recipes and examples ship (see
+/// [`PLACEHOLDER_WORDS`]): anybody who has read them would hold the admin API.
+fn is_placeholder(token: &AdminToken) -> bool {
+    let folded: String = token
+        .expose()
+        .chars()
+        .filter(|c| !matches!(c, '-' | '_' | ' ' | '.'))
+        .flat_map(char::to_lowercase)
+        .collect();
+    PLACEHOLDER_WORDS.iter().any(|word| folded.contains(word))
+}
+
+fn request_log(request_log: &RequestLogSettings) -> Result<(), String> {
+    if request_log.retention_days > MAX_RETENTION_DAYS {
+        return Err(format!(
+            "request_log.retention_days must be at most {MAX_RETENTION_DAYS} (got {}; 0 keeps rows forever)",
+            request_log.retention_days
+        ));
+    }
+    Ok(())
 }
 
 fn workbench(workbench: &WorkbenchSettings) -> Result<(), String> {
@@ -329,6 +364,49 @@ mod tests {
             refused.contains("connections.threads must be at most 1024 (got 100000"),
             "{refused}"
         );
+    }
+
+    #[test]
+    fn placeholder_admin_tokens_are_refused_saying_how_to_make_one() {
+        let refused = |token: &str| {
+            parse(&format!(
+                "admin_token = \"{token}\"\n{}",
+                document("limits", "", "")
+            ))
+            .unwrap()
+            .validate()
+        };
+        for token in [
+            "sample-admin-token-change-me",
+            "prod-ChAnGe_Me-0123456789",
+            "changeme-changeme-changeme",
+            "replace-me-with-a-real-token",
+            "PLACEHOLDER-0123456789abcdef",
+        ] {
+            let refusal = refused(token).unwrap_err();
+            assert!(
+                refusal.contains("openssl rand -hex 32"),
+                "{token}: {refusal}"
+            );
+            assert!(!refusal.contains(token), "{refusal}");
+        }
+        assert!(refused("3f9c2a7e1b4d6058a9e7c3b1d2f4a6e8").is_ok());
+    }
+
+    #[test]
+    fn request_log_retention_is_bounded() {
+        let refused = refusal("request_log", "retention_days = 40000");
+        assert!(
+            refused.contains("request_log.retention_days must be at most 36500"),
+            "{refused}"
+        );
+        let kept = |keys| {
+            parse(&document("request_log", keys, ""))
+                .unwrap()
+                .request_log
+                .retention_days
+        };
+        assert_eq!((kept(""), kept("retention_days = 0")), (90, 0));
     }
 
     #[test]

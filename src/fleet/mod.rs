@@ -17,6 +17,7 @@
 //! `/v1/models`, at start-up and by every probe.
 
 mod change;
+mod decode;
 mod ejection;
 mod load;
 mod model;
@@ -26,6 +27,7 @@ mod sleep;
 mod wake;
 
 pub use change::{ModelChanges, NodeChange, NodeRef, Planned};
+pub use decode::DecodeRate;
 pub use ejection::{DownReason, Health};
 pub use load::Reported;
 pub use model::{Model, NoNode};

@@ -87,7 +87,14 @@ impl Model {
                 config
                     .upstreams
                     .iter()
-                    .map(|u| Node::new(u, backoff, Arc::clone(&freed)))
+                    .map(|u| {
+                        Node::new(
+                            u,
+                            backoff,
+                            Arc::clone(&freed),
+                            config.decode_tokens_per_second,
+                        )
+                    })
                     .collect(),
             ),
             backoff,
@@ -120,7 +127,12 @@ impl Model {
 
     /// Builds a node for an entry a reload adds (`change.rs`).
     pub(super) fn new_node(&self, config: &crate::config::UpstreamConfig) -> Arc<Node> {
-        Node::new(config, self.backoff, Arc::clone(&self.freed))
+        Node::new(
+            config,
+            self.backoff,
+            Arc::clone(&self.freed),
+            self.decode_tokens_per_second,
+        )
     }
 
     /// Puts `nodes` in the place of the model's nodes, and has the requests waiting in

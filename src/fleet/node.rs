@@ -7,6 +7,7 @@ use std::sync::{Arc, RwLock};
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use super::decode::DecodeRate;
 use super::ejection::Health;
 use super::load::Reported;
 use super::prefix;
@@ -38,6 +39,8 @@ pub struct Node {
     pub health: Health,
     /// What the node last reported about its own queue and KV cache.
     pub reported: Reported,
+    /// How fast a sequence decodes here, learned from its answers.
+    pub decode: DecodeRate,
     /// The model's `freed`.
     freed: Arc<Notify>,
     served: RwLock<Option<Arc<Served>>>,
@@ -71,7 +74,13 @@ impl Drop for InFlight {
 }
 
 impl Node {
-    pub(super) fn new(config: &UpstreamConfig, backoff: Backoff, freed: Arc<Notify>) -> Arc<Self> {
+    /// `decode_guess`: its model's `decode_tokens_per_second`, until it has answered.
+    pub(super) fn new(
+        config: &UpstreamConfig,
+        backoff: Backoff,
+        freed: Arc<Notify>,
+        decode_guess: f64,
+    ) -> Arc<Self> {
         Arc::new(Self {
             url: config.url.trim_end_matches('/').to_owned(),
             gpu: config.gpu.clone(),
@@ -81,6 +90,7 @@ impl Node {
             in_flight: AtomicUsize::new(0),
             health: Health::new(backoff),
             reported: Reported::default(),
+            decode: DecodeRate::new(decode_guess),
             freed,
             served: RwLock::new(None),
             tokenizing: Semaphore::new(TOKENIZE_PER_NODE),
@@ -212,7 +222,7 @@ mod tests {
             first: Duration::from_secs(1),
             max: Duration::from_secs(1),
         };
-        Node::new(&config, backoff, Arc::new(Notify::new()))
+        Node::new(&config, backoff, Arc::new(Notify::new()), 26.0)
     }
 
     #[test]

@@ -9,6 +9,7 @@ use axum::extract::{Request, State};
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::Response;
+use subtle::ConstantTimeEq;
 use tracing::Instrument;
 
 use crate::error::ApiError;
@@ -50,6 +51,35 @@ pub fn bearer_token(headers: &http::HeaderMap) -> Option<&str> {
         .split_once(' ')
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, token)| token.trim())
+}
+
+/// Whether `presented` is the configured admin token (compared in constant time); never
+/// when none is configured.
+pub fn is_admin_token(state: &AppState, presented: &str) -> bool {
+    state
+        .config()
+        .admin_token
+        .as_ref()
+        .is_some_and(|token| bool::from(presented.as_bytes().ct_eq(token.expose().as_bytes())))
+}
+
+/// Whether the request shows a credential that holds now: an active key the key table
+/// has, or the admin token. Never waits for the store (a key too new for the table
+/// counts as none) and records nothing: for deciding, before the route runs, whether a
+/// client's trace context is followed (`every_request`).
+pub fn shows_credential(state: &AppState, headers: &http::HeaderMap) -> bool {
+    let Some(token) = bearer_token(headers) else {
+        return false;
+    };
+    if is_admin_token(state, token) {
+        return true;
+    }
+    key_secret::parse_bearer(token).is_some_and(|(prefix, hash)| {
+        state
+            .keys()
+            .get(prefix)
+            .is_some_and(|key| key.is_active() && key_secret::verify(&key.hash, &hash))
+    })
 }
 
 async fn authenticate(state: &AppState, headers: &http::HeaderMap) -> Result<Caller, ApiError> {

@@ -13,14 +13,15 @@ use axum::extract::Request;
 
 use crate::traces;
 
-/// The span of `request`, whose id is `request_id`. When `traced`, the span is the root
-/// of the request's trace (or continues the client's `traceparent`), and the status is
-/// recorded into it when the response is ready (see `every_request`).
+/// The span of `request`, whose id is `request_id`. With traces on, the span is the root
+/// of the request's trace, or continues the client's `traceparent` when
+/// `follow_client` (only for an authenticated request, see `every_request`), and the
+/// status is recorded into it when the response is ready.
 ///
 /// The key prefix is recorded into it once the key is known (see `auth`); the model
 /// (see the completion pipeline) and the status only when `traced`, since a field
 /// recorded later costs the log's formatter an allocation per request.
-pub fn span_of(request: &Request, request_id: &str, traced: bool) -> tracing::Span {
+pub fn span_of(request: &Request, request_id: &str, follow_client: bool) -> tracing::Span {
     let span = tracing::info_span!(
         "request",
         method = %request.method(),
@@ -30,7 +31,7 @@ pub fn span_of(request: &Request, request_id: &str, traced: bool) -> tracing::Sp
         model = tracing::field::Empty,
         status = tracing::field::Empty,
     );
-    if traced {
+    if follow_client {
         traces::continue_trace(&span, request.headers());
     }
     span

@@ -43,8 +43,9 @@ pub fn compressed<S>(service: S) -> Compression<S, CompressWhen> {
     )
 }
 
-/// The key-protected `/v1` routes.
-fn v1_routes() -> OpenApiRouter<AppState> {
+/// The key-protected `/v1` routes, with the Workbench's (`workbench::api_routes`, under
+/// the layers the caller gives them).
+fn v1_routes(workbench: OpenApiRouter<AppState>) -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(completions::create_completion))
         .routes(routes!(completions::chat::chat_completions))
@@ -52,13 +53,13 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(usage::own_usage))
         .routes(routes!(harvest::list))
         .routes(routes!(harvest::harvest, harvest::cancel))
-        .merge(workbench::api_routes())
+        .merge(workbench)
 }
 
 /// Every documented route, for the OpenAPI document.
 fn api_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
-        .merge(v1_routes())
+        .merge(v1_routes(workbench::api_routes()))
         .merge(admin::admin_routes())
         .routes(routes!(ops::health))
         .routes(routes!(ops::ready))
@@ -84,7 +85,13 @@ pub fn build_ops_router(state: AppState) -> Router {
 }
 
 pub fn build_router(state: AppState) -> Router {
-    let (v1, _) = v1_routes()
+    // The key is checked first (the outer layer), then the Workbench's routes count
+    // against its rate.
+    let workbench = workbench::api_routes().route_layer(middleware::from_fn_with_state(
+        state.clone(),
+        workbench::rate::count_against_rate,
+    ));
+    let (v1, _) = v1_routes(workbench)
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_key,

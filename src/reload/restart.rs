@@ -27,6 +27,7 @@ pub fn needing_restart(running: &Config, next: &Config) -> Vec<String> {
         traces,
         workbench,
         jobs,
+        request_log,
         models,
         source: _,
     } = running;
@@ -53,6 +54,7 @@ pub fn needing_restart(running: &Config, next: &Config) -> Vec<String> {
         ("traces", *traces == next.traces),
         ("workbench", *workbench == next.workbench),
         ("jobs", *jobs == next.jobs),
+        ("request_log", *request_log == next.request_log),
     ];
     let mut changed: Vec<String> = settings
         .into_iter()

@@ -89,6 +89,11 @@ pub trait Store: Send + Sync + 'static {
         .await
     }
 
+    /// Deletes at most `limit` request log rows logged before `before_ms` (Unix ms), the
+    /// oldest first; returns how many. One short statement: a sweep calls it in a loop
+    /// (`background::request_log_retention`).
+    async fn delete_requests_before(&self, before_ms: i64, limit: u32) -> Result<u64, StoreError>;
+
     /// The request log rows `query` selects, newest (`created_at_ms`) first.
     async fn requests(&self, query: &RequestQuery) -> Result<Vec<RequestLogRow>, StoreError>;
 

@@ -213,6 +213,24 @@ macro_rules! impl_store {
                 Ok(select.build_query_as().fetch_all(&self.pool).await?)
             }
 
+            async fn delete_requests_before(
+                &self,
+                before_ms: i64,
+                limit: u32,
+            ) -> Result<u64, StoreError> {
+                // By `id` through the `created_at_ms` index: both databases take a
+                // `LIMIT` in a subquery, neither in a `DELETE` of their own.
+                let done = sqlx::query(concat!(
+                    "DELETE FROM request_log WHERE id IN (SELECT id FROM request_log ",
+                    "WHERE created_at_ms < $1 ORDER BY created_at_ms LIMIT $2)"
+                ))
+                .bind(before_ms)
+                .bind(i64::from(limit))
+                .execute(&self.pool)
+                .await?;
+                Ok(done.rows_affected())
+            }
+
             async fn spend(&self, query: &SpendQuery) -> Result<Vec<SpendRow>, StoreError> {
                 // PostgreSQL's SUM of BIGINT is NUMERIC: cast it back.
                 let mut select = sqlx::QueryBuilder::<$db>::new(concat!(

@@ -743,6 +743,36 @@ async fn a_peek_refuses_as_admit_would_and_takes_nothing(fx: Fixture) {
     assert_eq!(limiter.occupancy(3).await.unwrap(), (1, 0));
 }
 
+/// `count_start` (the Workbench's routes) draws on the same rate as admissions and
+/// takes nothing else: no slot, no queue place, no budget.
+async fn a_counted_start_shares_the_rate_and_takes_nothing_else(fx: Fixture) {
+    let limiter = fx.limiter();
+    // rpm 3, one slot, no queue, a budget of nothing.
+    let limits = limits(0, 3, 1, 0);
+    for _ in 0..2 {
+        limiter
+            .count_start(7, limits.requests_per_minute)
+            .await
+            .unwrap();
+    }
+    assert_eq!(limiter.occupancy(7).await.unwrap(), (0, 0));
+    assert!(matches!(
+        limiter.admit(7, &limits, &cost(1, 1, 1), "a").await,
+        Err(Denial::BudgetExceeded { .. })
+    ));
+    match limiter.count_start(7, limits.requests_per_minute).await {
+        Err(Denial::RateLimited { retry_after }) => assert!(
+            retry_after > Duration::from_secs(15) && retry_after <= Duration::from_secs(20),
+            "retry_after {retry_after:?}"
+        ),
+        other => panic!("expected rate_limited, got {other:?}"),
+    }
+    assert!(matches!(
+        limiter.admit(7, &limits, &cost(1, 1, 1), "b").await,
+        Err(Denial::RateLimited { .. })
+    ));
+}
+
 // ---------------------------------------------------------------------------------------
 // Redis only: replicas, leases, outages
 // ---------------------------------------------------------------------------------------
@@ -1210,6 +1240,7 @@ limiter_tests! {
         rate_allows_a_burst_then_limits,
         refusals_count_against_the_rate,
         a_peek_refuses_as_admit_would_and_takes_nothing,
+        a_counted_start_shares_the_rate_and_takes_nothing_else,
     ],
     redis_only: [
         waiters_wake_across_replicas,

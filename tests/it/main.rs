@@ -18,6 +18,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod abuse_aborts;
 mod abuse_admission;
 mod abuse_nodes;
 mod admin;
@@ -42,4 +43,6 @@ mod reload;
 mod router;
 #[macro_use]
 mod store;
+// After `store`: it instantiates its store tests with `store`'s `backend_tests!`.
+mod abuse_noise;
 mod workbench;

@@ -996,7 +996,7 @@ async fn usage_batches_are_all_or_none(store: Arc<dyn Store>) {
     store.record_usages(&[]).await.unwrap();
 }
 
-fn log_row(request_id: &str, created_at_ms: i64) -> RequestLogRow {
+pub(crate) fn log_row(request_id: &str, created_at_ms: i64) -> RequestLogRow {
     RequestLogRow {
         request_id: request_id.to_owned(),
         created_at_ms,
@@ -1573,6 +1573,9 @@ impl Store for WatchedStore {
     }
     async fn requests(&self, query: &RequestQuery) -> Result<Vec<RequestLogRow>, StoreError> {
         self.inner.requests(query).await
+    }
+    async fn delete_requests_before(&self, before_ms: i64, limit: u32) -> Result<u64, StoreError> {
+        self.inner.delete_requests_before(before_ms, limit).await
     }
     async fn spend(&self, query: &SpendQuery) -> Result<Vec<SpendRow>, StoreError> {
         self.inner.spend(query).await

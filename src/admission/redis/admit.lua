@@ -22,14 +22,13 @@ local now = now_us()
 local purged, waiting = purge(run, grants, queue, qexp, now)
 announce(channel, key_id, purged, waiting)
 
--- The rate (rate_wait); rpm 0: a start not counted against the rate (a job's run,
--- whose submission was).
+-- The rate first. rpm 0: a start not counted against the rate (a job's run, whose
+-- submission was).
 if rpm > 0 then
-  local wait, next_tat = rate_wait(rate, rpm, now)
-  if wait > 0 then
-    return {RATE_LIMITED, wait}
+  local retry_after = take_rate(rate, rpm, now)
+  if retry_after then
+    return {RATE_LIMITED, retry_after}
   end
-  redis.call('SET', rate, int(next_tat), 'PX', int(math.ceil((next_tat - now) / 1000) + 1000))
 end
 
 if waiting == 0 then

@@ -47,6 +47,26 @@ local function int(x)
   return string.format('%.0f', x)
 end
 
+-- GCRA on the key `rate`: a burst of `rpm` starts, then one every 60 s / rpm. How long
+-- (µs) until a start is allowed (0: now), and the key's arrival time after that start.
+local function rate_wait(rate, rpm, now)
+  local interval = math.floor(60000000 / rpm)
+  local tolerance = interval * (rpm - 1)
+  local tat = math.max(tonumber(redis.call('GET', rate) or now), now)
+  return math.max(tat - tolerance - now, 0), tat + interval
+end
+
+-- Counts one start against the rate and returns nil, or returns how long (µs) until a
+-- start would be allowed.
+local function take_rate(rate, rpm, now)
+  local wait, next_tat = rate_wait(rate, rpm, now)
+  if wait > 0 then
+    return wait
+  end
+  redis.call('SET', rate, int(next_tat), 'PX', int(math.ceil((next_tat - now) / 1000) + 1000))
+  return nil
+end
+
 -- How much longer than it must a key is let live when its expiry is pushed on: a busy
 -- key's expiry is then written about once per EXPIRY_SLACK_MS, not with every change
 -- (PTTL alone costs one call, PTTL and PEXPIREAT two). An idle key is gone that much later.
@@ -55,15 +75,6 @@ local EXPIRY_SLACK_MS = 10000
 -- Lets `key` expire no sooner than `at_ms` (Unix ms). Never brings an expiry forward, so
 -- a key outlives everything that was ever promised it. (Compared here rather than with
 -- PEXPIREAT's GT flag, which needs Redis 7.)
--- GCRA: a burst of `rpm` starts, then one every 60 s / rpm. How long until the next
--- start is allowed (µs; 0: now), and the key's arrival time after that start.
-local function rate_wait(rate, rpm, now)
-  local interval = math.floor(60000000 / rpm)
-  local tolerance = interval * (rpm - 1)
-  local tat = math.max(tonumber(redis.call('GET', rate) or now), now)
-  return math.max(tat - tolerance - now, 0), tat + interval
-end
-
 local function expire_no_sooner(key, at_ms)
   local ttl = redis.call('PTTL', key)
   if ttl == -2 then

@@ -155,6 +155,7 @@ struct Scripts {
     usage: resp::Script,
     occupancy: resp::Script,
     peek: resp::Script,
+    rate: resp::Script,
 }
 
 /// Redis key names of one API key.
@@ -209,6 +210,7 @@ impl RedisLimiter {
                 usage: script!("usage.lua"),
                 occupancy: script!("occupancy.lua"),
                 peek: script!("peek.lua"),
+                rate: script!("rate.lua"),
             },
             names: Mutex::new(FxHashMap::default()),
             journal: journal::JournalKeys::new(key_prefix),
@@ -429,6 +431,21 @@ impl Limiter for RedisLimiter {
             .await?;
         match code(&reply) {
             RATE_LIMITED | QUEUE_FULL => Err(refusal(&reply)),
+            _ => done(&reply),
+        }
+    }
+
+    async fn count_start(&self, key: i64, rpm: u32) -> Result<(), Denial> {
+        let k = self.keys(key);
+        let reply = self
+            .connections
+            .invoke(
+                "rate",
+                self.scripts.rate.call().key(&k.rate).arg(rpm.max(1)),
+            )
+            .await?;
+        match code(&reply) {
+            RATE_LIMITED => Err(refusal(&reply)),
             _ => done(&reply),
         }
     }

@@ -11,18 +11,18 @@ use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::Response;
 use serde::{Deserialize, Deserializer, Serialize};
-use subtle::ConstantTimeEq;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::ApiError;
-use crate::http::auth::bearer_token;
+use crate::http::auth::{bearer_token, is_admin_token};
 use crate::http::body::json_body as body;
 use crate::http::routes::usage::{KeyUsage, key_usage};
 use crate::key_limits::LimitInput;
 use crate::keys::{KeyError, KeyService, LimitsChange, NewLimits};
 use crate::reload::Reloaded;
+use crate::request_record::RequestRecord;
 use crate::state::AppState;
 use crate::store::{KeyRecord, StoreError};
 
@@ -42,15 +42,18 @@ pub async fn require_admin(
     request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    let Some(token) = &state.config().admin_token else {
+    if state.config().admin_token.is_none() {
         return Err(ApiError::NotFound {
             method: request.method().to_string(),
             path: request.uri().path().to_owned(),
         });
-    };
+    }
     let presented = bearer_token(request.headers()).unwrap_or("");
-    if !bool::from(presented.as_bytes().ct_eq(token.expose().as_bytes())) {
+    if !is_admin_token(&state, presented) {
         return Err(ApiError::Unauthorized("This route needs the admin token."));
+    }
+    if let Some(record) = request.extensions().get::<RequestRecord>() {
+        record.set_authenticated();
     }
     Ok(next.run(request).await)
 }

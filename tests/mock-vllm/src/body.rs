@@ -8,6 +8,7 @@ use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
 use super::logprobs::PromptLogprobsWriter;
+use super::request::Plan;
 
 /// Fields shared by every response of one request.
 #[derive(Clone, Debug)]
@@ -117,4 +118,14 @@ fn open_object(value: &Value) -> String {
 fn continue_object(value: &Value) -> String {
     let s = value.to_string();
     format!(",{}", &s[1..])
+}
+
+/// The completion tokens a usage object reports: those generated, or the
+/// `AbsurdUsage` mode's `i64::MAX`.
+pub(crate) fn reported_completion_tokens(plan: &Plan, generated: usize) -> usize {
+    if plan.absurd_usage {
+        usize::try_from(i64::MAX).unwrap_or(usize::MAX)
+    } else {
+        generated
+    }
 }

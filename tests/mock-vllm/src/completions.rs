@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
-use super::body::{ChoiceBody, Meta, NonStreamBody};
+use super::body::{ChoiceBody, Meta, NonStreamBody, reported_completion_tokens};
 use super::config::FailureMode;
 use super::endpoints::{now_secs, receive};
 use super::error::VllmError;
@@ -301,16 +301,6 @@ fn choice_body(
             )
         }),
         prompt_token_ids: ids_or_null(prompt_ids),
-    }
-}
-
-/// The completion tokens a usage object reports: those generated, or the
-/// `AbsurdUsage` mode's `i64::MAX`.
-pub(crate) fn reported_completion_tokens(plan: &Plan, generated: usize) -> usize {
-    if plan.absurd_usage {
-        usize::try_from(i64::MAX).unwrap_or(usize::MAX)
-    } else {
-        generated
     }
 }
 

@@ -7,8 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use super::body::Meta;
-use super::completions::reported_completion_tokens;
+use super::body::{Meta, reported_completion_tokens};
 use super::error::stream_error_event;
 use super::generate::{Generated, floor_char_boundary};
 use super::logprobs::{LogprobsJson, StepLogprobs, prompt_rows};

@@ -3,6 +3,9 @@
 //! them under `/v1/workbench/…`, which keeps each key's saved prompts, runs and Loom
 //! trees in the store (`store::workbench`).
 //!
+//! Every `/v1/workbench` request counts against the key's rate as a completion does
+//! (`rate`).
+//!
 //! The pages run completions through the public `POST /v1/completions` with
 //! `X-Acs-Budget-Clamp: refuse` (see `completion::budget_refusal`), so a run that the
 //! key's budget would clamp is refused instead.
@@ -10,6 +13,7 @@
 mod answer;
 pub mod items;
 pub mod pages;
+pub mod rate;
 pub mod trees;
 
 use utoipa_axum::router::OpenApiRouter;
