@@ -197,11 +197,12 @@ fn model_settings(model: &ModelConfig) -> Result<(), String> {
 
 fn connections(connections: &ConnectionSettings) -> Result<(), String> {
     if connections.max_open == 0
+        || connections.ops_max_open == 0
         || connections.header_read_timeout_ms == 0
         || connections.body_read_timeout_ms == 0
     {
         return Err(
-            "connections.max_open, header_read_timeout_ms and body_read_timeout_ms must be at least 1".into(),
+            "connections.max_open, ops_max_open, header_read_timeout_ms and body_read_timeout_ms must be at least 1".into(),
         );
     }
     if connections.threads > MAX_CONNECTION_THREADS {

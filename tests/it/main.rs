@@ -18,6 +18,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod abuse_connections;
 mod admin;
 mod admission;
 mod cold_boot;
