@@ -215,6 +215,12 @@ pub struct ConnectionSettings {
     /// open there cannot take the API's, nor the API's a probe's.
     #[serde(default = "default_ops_max_open_connections")]
     pub ops_max_open: usize,
+    /// Connections open at once from one peer address, on each listener; one beyond is
+    /// closed as soon as it is accepted. `0` (the default): no such cap. Behind a load
+    /// balancer or proxy every client has its address: leave it off there, or set it
+    /// above what the proxy opens.
+    #[serde(default)]
+    pub max_open_per_client: usize,
     /// A request's head (start line and headers) must have arrived this long after the
     /// connection opened or its previous response ended, else the connection is closed;
     /// so this is also how long an idle keep-alive connection is kept (HTTP/1), how long
@@ -239,6 +245,7 @@ impl Default for ConnectionSettings {
         Self {
             max_open: default_max_open_connections(),
             ops_max_open: default_ops_max_open_connections(),
+            max_open_per_client: 0,
             header_read_timeout_ms: default_header_read_timeout_ms(),
             body_read_timeout_ms: default_body_read_timeout_ms(),
             threads: default_connection_threads(),

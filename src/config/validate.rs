@@ -205,6 +205,12 @@ fn connections(connections: &ConnectionSettings) -> Result<(), String> {
             "connections.max_open, ops_max_open, header_read_timeout_ms and body_read_timeout_ms must be at least 1".into(),
         );
     }
+    if connections.max_open_per_client > connections.max_open {
+        return Err(format!(
+            "connections.max_open_per_client must be at most connections.max_open ({}; 0 turns it off), got {}",
+            connections.max_open, connections.max_open_per_client
+        ));
+    }
     if connections.threads > MAX_CONNECTION_THREADS {
         return Err(format!(
             "connections.threads must be at most {MAX_CONNECTION_THREADS} (got {}; 0 serves connections on the shared worker threads)",
@@ -329,6 +335,19 @@ mod tests {
         assert!(
             refused.contains("connections.threads must be at most 1024 (got 100000"),
             "{refused}"
+        );
+    }
+
+    #[test]
+    fn connection_caps_are_checked_by_name() {
+        let refused = |keys| refusal("connections", keys);
+        assert!(refused("ops_max_open = 0").contains("ops_max_open"));
+        let over = refused("max_open = 10\nmax_open_per_client = 11");
+        assert!(
+            over.contains(
+                "connections.max_open_per_client must be at most connections.max_open (10"
+            ),
+            "{over}"
         );
     }
 

@@ -5,7 +5,8 @@
 //! gracefully on shutdown.
 //!
 //! A client cannot hold a socket, a task and memory for as long as it likes: a
-//! connection beyond the cap is closed as soon as it is accepted; one that sends its
+//! connection beyond the cap, or beyond `connections.max_open_per_client` from its peer
+//! address (`per_client.rs`), is closed as soon as it is accepted; one that sends its
 //! request head too slowly, or nothing at all, is closed when the head is due (the same
 //! timer closes an HTTP/1 keep-alive connection, or an HTTP/2 one without a request
 //! under way, that stays idle that long; an HTTP/2 peer that stops answering pings is
@@ -49,6 +50,7 @@ mod client;
 mod exchange;
 mod head_errors;
 mod lanes;
+mod per_client;
 mod prefixed;
 mod refusals;
 mod streams;
@@ -58,6 +60,7 @@ pub use lanes::Lanes;
 use client::Serving;
 #[cfg(doc)]
 use head_errors::HeadErrors;
+use per_client::PerClient;
 use refusals::Refusals;
 
 /// After a failed `accept` (e.g. out of file descriptors), wait this long before the
@@ -81,6 +84,7 @@ pub async fn serve(
 ) {
     let head_due = Duration::from_millis(settings.header_read_timeout_ms);
     let slots = Arc::new(Semaphore::new(max_open));
+    let per_client = PerClient::new(settings.max_open_per_client);
     let refusals = Arc::new(Refusals::new(metrics.clone()));
     let stopping = CancellationToken::new();
     let serving = Arc::new(Serving::new(
@@ -115,6 +119,11 @@ pub async fn serve(
             refusals.note(ConnectionRefusal::MaxOpen);
             continue;
         };
+        let Some(client) = per_client.admit(remote.ip()) else {
+            drop(tcp);
+            refusals.note(ConnectionRefusal::MaxOpenPerClient);
+            continue;
+        };
         // Without TCP_NODELAY a streamed response's small writes (headers, then each
         // chunk) wait on the client's delayed ACK: ~40 ms added to every request.
         if let Err(err) = tcp.set_nodelay(true) {
@@ -125,7 +134,7 @@ pub async fn serve(
         lanes.serve(&connections, tcp, |tcp| async move {
             let _open = metrics.connection_open();
             serving.serve(tcp, routed).await;
-            drop(slot);
+            drop((slot, client));
         });
     }
     drop(listener);

@@ -252,3 +252,40 @@ async fn connections_to_the_ops_listener_beyond_its_cap_are_closed_at_once() {
     assert_eq!(api.status(), 200);
     assert!(refusals(&gw, "max_open").await >= 1.0);
 }
+
+/// With `max_open_per_client`, one address cannot hold more connections than that: the
+/// next is closed at once, and a place comes free when one of its connections closes.
+#[tokio::test]
+async fn connections_from_one_client_beyond_its_cap_are_closed_at_once() {
+    let gw = Gateway::start_with(
+        MockConfig::default(),
+        "[connections]\nmax_open_per_client = 2\n",
+    )
+    .await;
+    let mut held = [connect(&gw).await, connect(&gw).await];
+    for stream in &mut held {
+        health(stream).await;
+    }
+    let mut beyond = connect(&gw).await;
+    let refused_at = Instant::now();
+    assert!(read_until_closed(&mut beyond).await.is_empty(), "no answer");
+    assert!(
+        refused_at.elapsed() < Duration::from_secs(5),
+        "closed at once, not by the head time-out (60 s)"
+    );
+    // Once the server has seen one of them close, its place is free again.
+    let [first, _second] = held;
+    drop(first);
+    let served = tokio::time::timeout(LIMIT, async {
+        loop {
+            let mut again = connect(&gw).await;
+            let _ = again
+                .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await;
+            if !read_response(&mut again).await.is_empty() {
+                return;
+            }
+        }
+    });
+    served.await.expect("a connection is served again");
+}
