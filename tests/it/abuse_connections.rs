@@ -10,7 +10,7 @@ use mock_vllm::MockConfig;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use crate::common::Gateway;
+use crate::common::{Gateway, expect_error};
 use crate::connections::{LIMIT, Raw, connect, read_response, read_until_closed, refusals};
 
 /// The short time-out (header, and body unless a test needs it long) of these tests.
@@ -241,6 +241,24 @@ async fn a_body_over_the_limit_on_a_workbench_route_gets_413() {
     send.abort();
     answer.envelope(413, "request_too_large", "invalid_request_error");
     assert_eq!(answer.header("x-should-retry"), Some("false"));
+    assert_eq!(answer.header("connection"), Some("close"), "not reused");
+
+    // A client that sends its whole body before it reads (as most do) gets the answer
+    // too, rather than a broken pipe from a socket closed under its upload.
+    for megabytes in [3, 4, 3, 4] {
+        let prompt = "a".repeat(megabytes * 1024 * 1024);
+        let response = gw
+            .client
+            .post(format!("{}/v1/workbench/items", gw.url))
+            .bearer_auth(&gw.key)
+            .json(&serde_json::json!({"kind": "prompt", "content": {"prompt": prompt}}))
+            .send();
+        let response = tokio::time::timeout(LIMIT, response)
+            .await
+            .expect("an answer");
+        let response = response.unwrap_or_else(|err| panic!("{megabytes} MiB: {err:?}"));
+        expect_error(response, 413, "request_too_large").await;
+    }
 }
 
 /// A connection to the ops listener that sends nothing is closed when its head is due,

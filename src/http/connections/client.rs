@@ -51,6 +51,12 @@ const QUIET_AFTER: Duration = Duration::from_millis(250);
 /// ping h2 sends with it) before it is dropped: a round trip, with room to spare.
 const GOAWAY_WAIT: Duration = Duration::from_secs(1);
 
+/// How long a closing HTTP/1 connection reads (and drops) what the client still sends
+/// after its last answer, at most: see [`linger`]. Long enough for a client on a busy
+/// host to finish sending a body of some MiB and read the answer; a client can hold its
+/// connection no longer this way than by trickling a body.
+const LINGER: Duration = Duration::from_secs(5);
+
 /// The first bytes of every HTTP/2 connection with prior knowledge (RFC 9113 3.4).
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -249,8 +255,7 @@ impl Serving {
             // Only a connection ended for quiet goes on: hyper ended any other because
             // the client closed or asked to, or the server is stopping.
             if !quieted || !exchanges.reusable() || self.stopping.is_cancelled() {
-                let _ = tcp.shutdown().await;
-                return;
+                return linger(tcp).await;
             }
             // What hyper read past the response first, then what it never read: copied
             // out, since hyper's read buffer (8 KiB, even when empty) must not stay with
@@ -295,6 +300,18 @@ impl Serving {
                 None => tracing::debug!(error = %err, "client connection ended with an error"),
             }
         }
+    }
+}
+
+/// Closes a connection after its last answer: the answer is followed by the end of the
+/// stream at once, and what the client still sends is read and dropped until it closes
+/// too, for at most [`LINGER`]. Closed with bytes unread, the socket would be reset, and
+/// a client still sending a body the answer refused (a 413 given from `Content-Length`)
+/// would get a broken pipe instead of the answer.
+async fn linger(mut tcp: TcpStream) {
+    if tcp.shutdown().await.is_ok() {
+        let mut sink = tokio::io::sink();
+        let _ = tokio::time::timeout(LINGER, tokio::io::copy(&mut tcp, &mut sink)).await;
     }
 }
 
