@@ -118,6 +118,8 @@ impl UpstreamOutcome {
 pub enum ConnectionRefusal {
     /// `connections.max_open` connections were open already.
     MaxOpen,
+    /// `connections.max_open_per_client` connections from its address were open already.
+    MaxOpenPerClient,
     /// No complete request head within `connections.header_read_timeout_ms` (a slow
     /// client, or an idle keep-alive connection).
     HeaderTimeout,
@@ -128,8 +130,9 @@ pub enum ConnectionRefusal {
 }
 
 impl ConnectionRefusal {
-    const ALL: [Self; 4] = [
+    const ALL: [Self; 5] = [
         Self::MaxOpen,
+        Self::MaxOpenPerClient,
         Self::HeaderTimeout,
         Self::MalformedHead,
         Self::HeadTooLarge,
@@ -138,6 +141,7 @@ impl ConnectionRefusal {
     fn as_str(self) -> &'static str {
         match self {
             Self::MaxOpen => "max_open",
+            Self::MaxOpenPerClient => "max_open_per_client",
             Self::HeaderTimeout => "header_timeout",
             Self::MalformedHead => "malformed_head",
             Self::HeadTooLarge => "head_too_large",

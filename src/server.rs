@@ -158,8 +158,9 @@ pub async fn serve(
     let draining = state.draining().clone();
     let request_log = state.request_log().clone();
     let ledger = state.ledger().clone();
+    let stop_ops = tokio_util::sync::CancellationToken::new();
     let ops = match state.config().ops_listen {
-        Some(address) => Some(serve_ops(&state, address).await?),
+        Some(address) => Some(serve_ops(&state, address, stop_ops.clone()).await?),
         None => None,
     };
     let connections = state.config().connections.clone();
@@ -192,6 +193,7 @@ pub async fn serve(
         listener,
         router,
         &connections,
+        connections.max_open,
         &lanes,
         metrics,
         stop_accepting,
@@ -231,8 +233,15 @@ pub async fn serve(
     }
     stop_following.cancel();
     let _ = keys.await;
-    if let Some(ops) = ops {
-        ops.abort();
+    if let Some(mut ops) = ops {
+        // Its connections close as the API's do; one that will not is cut.
+        stop_ops.cancel();
+        if tokio::time::timeout(DRAIN_CUT_WAIT, &mut ops)
+            .await
+            .is_err()
+        {
+            ops.abort();
+        }
     }
     // Settlements of the last requests (ledger rows, released slots); bounded, so that
     // nothing can keep the process from exiting.
@@ -264,20 +273,36 @@ pub async fn serve(
 }
 
 /// Serves the ops routes (`/metrics`, `/health`, `/ready`, `/live`) on the ops listener
-/// until aborted.
+/// until `stop` is cancelled: with the API listener's time-outs, and a cap of its own
+/// (`connections.ops_max_open`), so that connections held open there cannot take the
+/// file descriptors the API's need, nor the other way round.
 async fn serve_ops(
     state: &AppState,
     address: std::net::SocketAddr,
+    stop: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let listener = TcpListener::bind(address)
         .await
         .with_context(|| format!("cannot listen on {address} (ops_listen)"))?;
     tracing::info!(address = %listener.local_addr()?, "fleetgate ops listening");
     let router = crate::http::router::build_ops_router(state.clone());
+    let settings = state.config().connections.clone();
+    let metrics = state.metrics().clone();
+    // Scrapes and probes are few and answered at once: the shared runtime serves them,
+    // not the connection threads.
+    let lanes =
+        crate::http::connections::Lanes::start(0).context("cannot start the ops listener")?;
     Ok(tokio::spawn(async move {
-        if let Err(err) = axum::serve(listener, router).await {
-            tracing::error!(error = %err, "the ops listener failed");
-        }
+        crate::http::connections::serve(
+            listener,
+            router,
+            &settings,
+            settings.ops_max_open,
+            &lanes,
+            metrics,
+            stop.cancelled_owned(),
+        )
+        .await;
     }))
 }
 

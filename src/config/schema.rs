@@ -234,13 +234,25 @@ pub struct ConnectionSettings {
     /// accepted (counted in `/metrics`, logged).
     #[serde(default = "default_max_open_connections")]
     pub max_open: usize,
+    /// The same for the ops listener (`ops_listen`), counted apart: connections held
+    /// open there cannot take the API's, nor the API's a probe's.
+    #[serde(default = "default_ops_max_open_connections")]
+    pub ops_max_open: usize,
+    /// Connections open at once from one peer address, on each listener; one beyond is
+    /// closed as soon as it is accepted. `0` (the default): no such cap. Behind a load
+    /// balancer or proxy every client has its address: leave it off there, or set it
+    /// above what the proxy opens.
+    #[serde(default)]
+    pub max_open_per_client: usize,
     /// A request's head (start line and headers) must have arrived this long after the
     /// connection opened or its previous response ended, else the connection is closed;
-    /// so this is also how long an idle keep-alive connection is kept (HTTP/1).
+    /// so this is also how long an idle keep-alive connection is kept (HTTP/1), how long
+    /// an HTTP/2 connection is kept with no request under way, and how long an HTTP/2
+    /// client may stay silent before it is pinged and then take to answer the ping.
     #[serde(default = "default_header_read_timeout_ms")]
     pub header_read_timeout_ms: u64,
     /// A request's body must have arrived this long after its head was read, else
-    /// 408 `request_timeout`.
+    /// 408 `request_timeout` (on every route that reads a body).
     #[serde(default = "default_body_read_timeout_ms")]
     pub body_read_timeout_ms: u64,
     /// Connection threads: each serves the connections given to it (a new one goes to
@@ -255,6 +267,8 @@ impl Default for ConnectionSettings {
     fn default() -> Self {
         Self {
             max_open: default_max_open_connections(),
+            ops_max_open: default_ops_max_open_connections(),
+            max_open_per_client: 0,
             header_read_timeout_ms: default_header_read_timeout_ms(),
             body_read_timeout_ms: default_body_read_timeout_ms(),
             threads: default_connection_threads(),
@@ -305,6 +319,10 @@ fn default_shutdown_grace_ms() -> u64 {
 }
 fn default_max_open_connections() -> usize {
     10_000
+}
+/// A scraper and a few probes need a handful; this leaves room for many of them.
+fn default_ops_max_open_connections() -> usize {
+    100
 }
 fn default_header_read_timeout_ms() -> u64 {
     60_000

@@ -232,12 +232,19 @@ fn model_settings(model: &ModelConfig) -> Result<(), String> {
 
 fn connections(connections: &ConnectionSettings) -> Result<(), String> {
     if connections.max_open == 0
+        || connections.ops_max_open == 0
         || connections.header_read_timeout_ms == 0
         || connections.body_read_timeout_ms == 0
     {
         return Err(
-            "connections.max_open, header_read_timeout_ms and body_read_timeout_ms must be at least 1".into(),
+            "connections.max_open, ops_max_open, header_read_timeout_ms and body_read_timeout_ms must be at least 1".into(),
         );
+    }
+    if connections.max_open_per_client > connections.max_open {
+        return Err(format!(
+            "connections.max_open_per_client must be at most connections.max_open ({}; 0 turns it off), got {}",
+            connections.max_open, connections.max_open_per_client
+        ));
     }
     if connections.threads > MAX_CONNECTION_THREADS {
         return Err(format!(
@@ -407,6 +414,19 @@ mod tests {
                 .retention_days
         };
         assert_eq!((kept(""), kept("retention_days = 0")), (90, 0));
+    }
+
+    #[test]
+    fn connection_caps_are_checked_by_name() {
+        let refused = |keys| refusal("connections", keys);
+        assert!(refused("ops_max_open = 0").contains("ops_max_open"));
+        let over = refused("max_open = 10\nmax_open_per_client = 11");
+        assert!(
+            over.contains(
+                "connections.max_open_per_client must be at most connections.max_open (10"
+            ),
+            "{over}"
+        );
     }
 
     #[test]

@@ -1,14 +1,24 @@
-//! Reading a JSON request body: the content type is checked and the size is limited
-//! before any of it is parsed.
+//! Reading a JSON request body: the content type is checked, and the size and the time
+//! it may take to arrive are limited, before any of it is parsed. Every route that reads
+//! a body reads it here: `POST /v1/completions` with [`read_limited`], every other one
+//! through [`JsonBody`].
 
 use std::time::Duration;
 
 use axum::body::Body;
+use axum::extract::{FromRequest, Request};
 use axum::http::{HeaderMap, header};
 use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
+use crate::state::AppState;
+
+/// The most a JSON body of a route other than `POST /v1/completions` may hold (a
+/// Workbench item, a Loom tree, an admin call), or `max_body_bytes` if that is less.
+/// These are kept in the store, not passed on to a model: none comes near it.
+pub const RECORD_BODY_LIMIT: usize = 2 * 1024 * 1024;
 
 /// Checks that the request says it carries JSON (`application/json`, parameters allowed).
 pub fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
@@ -59,12 +69,26 @@ pub async fn read_limited(
     }
 }
 
-/// A JSON body read by axum's `Json` extractor; its rejection (bad JSON, a wrong type,
-/// an unknown field, a missing content type) becomes a 400 whose message is axum's.
-pub fn json_body<T>(
-    payload: Result<axum::Json<T>, axum::extract::rejection::JsonRejection>,
-) -> Result<T, ApiError> {
-    payload
-        .map(|axum::Json(value)| value)
-        .map_err(|rejection| ApiError::invalid(rejection.body_text()))
+/// A JSON body, read by [`read_limited`] — at most [`RECORD_BODY_LIMIT`] bytes, whole
+/// within `connections.body_read_timeout_ms` — then parsed by axum's `Json`, whose
+/// rejection (a missing content type, bad JSON, a wrong type, an unknown field) becomes
+/// a 400 with axum's message.
+pub struct JsonBody<T>(pub T);
+
+impl<T: DeserializeOwned + Send> FromRequest<AppState> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
+        let config = state.config();
+        let limit = config.max_body_bytes.min(RECORD_BODY_LIMIT);
+        let timeout = Duration::from_millis(config.connections.body_read_timeout_ms);
+        let (parts, body) = request.into_parts();
+        let bytes = read_limited(&parts.headers, body, limit, timeout).await?;
+        // Whole already, and within axum's own limit (2 MiB, as RECORD_BODY_LIMIT).
+        let request = Request::from_parts(parts, Body::from(bytes));
+        axum::Json::<T>::from_request(request, state)
+            .await
+            .map(|axum::Json(value)| Self(value))
+            .map_err(|rejection| ApiError::invalid(rejection.body_text()))
+    }
 }

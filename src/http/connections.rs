@@ -1,14 +1,18 @@
-//! Client connections: accepted up to `connections.max_open`, served as HTTP/1.1 or
+//! Client connections, of the API listener and of the ops listener alike: accepted up to
+//! a cap (`connections.max_open`, `connections.ops_max_open`), served as HTTP/1.1 or
 //! HTTP/2 (prior knowledge), each request head due within
 //! `connections.header_read_timeout_ms` and at most [`MAX_HEAD_BYTES`] long, and closed
 //! gracefully on shutdown.
 //!
 //! A client cannot hold a socket, a task and memory for as long as it likes: a
-//! connection beyond the cap is closed as soon as it is accepted; one that sends its
+//! connection beyond the cap, or beyond `connections.max_open_per_client` from its peer
+//! address (`per_client.rs`), is closed as soon as it is accepted; one that sends its
 //! request head too slowly, or nothing at all, is closed when the head is due (the same
-//! timer closes an HTTP/1 keep-alive connection that stays idle that long); a head over
-//! 16 KiB or 100 header lines gets 431 (from hyper, or in HTTP/2 from h2); a body that
-//! trickles in gets 408 from the body reader (`http/body.rs`).
+//! timer closes an HTTP/1 keep-alive connection, or an HTTP/2 one without a request
+//! under way, that stays idle that long; an HTTP/2 peer that stops answering pings is
+//! dropped too); a head over 16 KiB or 100 header lines gets 431 (from hyper, or in
+//! HTTP/2 from h2); a body that trickles in gets 408 from the body reader
+//! (`http/body.rs`).
 //!
 //! An HTTP/1 request head hyper cannot parse (400) or that is over the limits (431) is
 //! answered by hyper itself, before there is a request for the router to give an id
@@ -46,14 +50,17 @@ mod client;
 mod exchange;
 mod head_errors;
 mod lanes;
+mod per_client;
 mod prefixed;
 mod refusals;
+mod streams;
 
 pub use lanes::Lanes;
 
 use client::Serving;
 #[cfg(doc)]
 use head_errors::HeadErrors;
+use per_client::PerClient;
 use refusals::Refusals;
 
 /// After a failed `accept` (e.g. out of file descriptors), wait this long before the
@@ -62,20 +69,22 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 /// Refusals are logged as counts at most this often.
 const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(1);
 
-/// Serves `router` on `listener` until `stop` resolves, each connection on one of
-/// `lanes`; then accepts no more connections, lets every open one finish the requests
-/// it has (HTTP/1 connections close after their current response, HTTP/2 ones get a
-/// GOAWAY), and returns once all are closed.
+/// Serves `router` on `listener` until `stop` resolves, at most `max_open` connections
+/// at once, each on one of `lanes`; then accepts no more connections, lets every open
+/// one finish the requests it has (HTTP/1 connections close after their current
+/// response, HTTP/2 ones get a GOAWAY), and returns once all are closed.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     settings: &ConnectionSettings,
+    max_open: usize,
     lanes: &Lanes,
     metrics: Metrics,
     stop: impl Future<Output = ()>,
 ) {
     let head_due = Duration::from_millis(settings.header_read_timeout_ms);
-    let slots = Arc::new(Semaphore::new(settings.max_open));
+    let slots = Arc::new(Semaphore::new(max_open));
+    let per_client = PerClient::new(settings.max_open_per_client);
     let refusals = Arc::new(Refusals::new(metrics.clone()));
     let stopping = CancellationToken::new();
     let serving = Arc::new(Serving::new(
@@ -110,6 +119,11 @@ pub async fn serve(
             refusals.note(ConnectionRefusal::MaxOpen);
             continue;
         };
+        let Some(client) = per_client.admit(remote.ip()) else {
+            drop(tcp);
+            refusals.note(ConnectionRefusal::MaxOpenPerClient);
+            continue;
+        };
         // Without TCP_NODELAY a streamed response's small writes (headers, then each
         // chunk) wait on the client's delayed ACK: ~40 ms added to every request.
         if let Err(err) = tcp.set_nodelay(true) {
@@ -120,7 +134,7 @@ pub async fn serve(
         lanes.serve(&connections, tcp, |tcp| async move {
             let _open = metrics.connection_open();
             serving.serve(tcp, routed).await;
-            drop(slot);
+            drop((slot, client));
         });
     }
     drop(listener);

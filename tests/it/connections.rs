@@ -13,7 +13,7 @@ use tokio::net::TcpStream;
 use crate::common::{Gateway, parse_metrics};
 
 /// Upper bound on every wait here.
-const LIMIT: Duration = Duration::from_secs(10);
+pub(crate) const LIMIT: Duration = Duration::from_secs(10);
 /// The header and body time-outs of these tests.
 const TIMEOUT_MS: u64 = 300;
 
@@ -27,14 +27,14 @@ async fn gateway(max_open: usize) -> Gateway {
     .await
 }
 
-async fn connect(gw: &Gateway) -> TcpStream {
+pub(crate) async fn connect(gw: &Gateway) -> TcpStream {
     TcpStream::connect(gw.url.trim_start_matches("http://"))
         .await
         .unwrap()
 }
 
 /// Reads until the server closes the connection; returns what it sent.
-async fn read_until_closed(stream: &mut TcpStream) -> Vec<u8> {
+pub(crate) async fn read_until_closed(stream: &mut TcpStream) -> Vec<u8> {
     let mut received = Vec::new();
     let read = tokio::time::timeout(LIMIT, async {
         let mut buf = [0u8; 4096];
@@ -51,7 +51,7 @@ async fn read_until_closed(stream: &mut TcpStream) -> Vec<u8> {
 
 /// The gateway's `fleetgate_connection_refusals_total` for `reason`. Polls, since the
 /// scrape's own connection needs a free slot.
-async fn refusals(gw: &Gateway, reason: &str) -> f64 {
+pub(crate) async fn refusals(gw: &Gateway, reason: &str) -> f64 {
     let deadline = Instant::now() + LIMIT;
     let text = loop {
         match gw.client.get(format!("{}/metrics", gw.url)).send().await {
@@ -80,7 +80,7 @@ fn whole_response(bytes: &[u8]) -> bool {
 }
 
 /// Reads one whole response (head and `Content-Length` body) off `stream`.
-async fn read_response(stream: &mut (impl AsyncReadExt + Unpin)) -> Vec<u8> {
+pub(crate) async fn read_response(stream: &mut (impl AsyncReadExt + Unpin)) -> Vec<u8> {
     let mut response = Vec::new();
     let read = tokio::time::timeout(LIMIT, async {
         let mut buf = [0u8; 4096];
@@ -96,14 +96,14 @@ async fn read_response(stream: &mut (impl AsyncReadExt + Unpin)) -> Vec<u8> {
 }
 
 /// A response as read off the socket: status, headers (names lower-cased), body.
-struct Raw {
+pub(crate) struct Raw {
     status: u16,
     headers: Vec<(String, String)>,
     body: Vec<u8>,
 }
 
 impl Raw {
-    fn parse(bytes: &[u8]) -> Self {
+    pub(crate) fn parse(bytes: &[u8]) -> Self {
         let split = bytes
             .windows(4)
             .position(|w| w == b"\r\n\r\n")
@@ -124,7 +124,7 @@ impl Raw {
         }
     }
 
-    fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(n, _)| n == name)
@@ -133,7 +133,7 @@ impl Raw {
 
     /// Asserts the error envelope (status, `error.code` and `error.type`, its length, the
     /// request id in the header and the body) and returns the body.
-    fn envelope(&self, status: u16, code: &str, kind: &str) -> serde_json::Value {
+    pub(crate) fn envelope(&self, status: u16, code: &str, kind: &str) -> serde_json::Value {
         let text = String::from_utf8_lossy(&self.body);
         assert_eq!(self.status, status, "{:?} {text}", self.headers);
         assert_eq!(

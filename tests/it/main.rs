@@ -20,6 +20,7 @@ mod common;
 
 mod abuse_aborts;
 mod abuse_admission;
+mod abuse_connections;
 mod abuse_nodes;
 mod admin;
 mod admission;

@@ -2,7 +2,11 @@
 //!
 //! Its first bytes tell the protocol: HTTP/2's connection preface, or HTTP/1.
 //!
-//! - **HTTP/2** is served by one hyper connection for the connection's life.
+//! - **HTTP/2** is served by one hyper connection for the connection's life. One with
+//!   no request under way for `header_read_timeout_ms` (from its accept, or from the end
+//!   of its last request) gets a GOAWAY and is closed ([`Streams`]); and it is pinged
+//!   when it has sent nothing for `header_read_timeout_ms`, and dropped if the ping is
+//!   not answered within as long again: a peer gone silently holds nothing.
 //! - **HTTP/1** is served by a hyper connection (keep-alive on) for as long as the client
 //!   keeps it busy. Once it has been quiet for [`QUIET_AFTER`] after an answer, it is
 //!   told to end and taken apart ([`Exchanges`]), and the socket waits for the next
@@ -13,7 +17,7 @@
 //!   connection whose last request body was not read to its end, or that hyper ended
 //!   itself (the client closed or asked to), is closed.
 //!
-//! Deadlines: a request head must begin within `header_read_timeout_ms` of the accept
+//! HTTP/1 deadlines: a request head must begin within `header_read_timeout_ms` of the accept
 //! or of the previous answer (an idle keep-alive connection is closed then), and a head
 //! that has begun must be whole within `header_read_timeout_ms` (hyper's header timer).
 
@@ -34,6 +38,7 @@ use super::exchange::{ExchangeService, Exchanges, Routed};
 use super::head_errors::{HeadErrors, MAX_HEAD_BYTES};
 use super::prefixed::Prefixed;
 use super::refusals::{Refusals, refusal};
+use super::streams::{StreamService, Streams};
 use crate::metrics::{ConnectionRefusal, Metrics};
 
 /// How long an HTTP/1 connection stays with hyper after its last answer. Clients that
@@ -41,6 +46,16 @@ use crate::metrics::{ConnectionRefusal, Metrics};
 /// for as long as they keep it busy; a connection quiet this long hands its socket back
 /// and waits holding no buffers (a hyper connection costs ~30 kB of them).
 const QUIET_AFTER: Duration = Duration::from_millis(250);
+
+/// How long an idle HTTP/2 connection, sent its GOAWAY, may take to acknowledge it (the
+/// ping h2 sends with it) before it is dropped: a round trip, with room to spare.
+const GOAWAY_WAIT: Duration = Duration::from_secs(1);
+
+/// How long a closing HTTP/1 connection reads (and drops) what the client still sends
+/// after its last answer, at most: see [`linger`]. Long enough for a client on a busy
+/// host to finish sending a body of some MiB and read the answer; a client can hold its
+/// connection no longer this way than by trickling a body.
+const LINGER: Duration = Duration::from_secs(5);
 
 /// The first bytes of every HTTP/2 connection with prior knowledge (RFC 9113 3.4).
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -79,7 +94,11 @@ impl Serving {
         // HTTP/2 counts each header's name and value plus 32 bytes (RFC 9113 6.5.2).
         http2
             .timer(TokioTimer::new())
-            .max_header_list_size(MAX_HEAD_BYTES as u32);
+            .max_header_list_size(MAX_HEAD_BYTES as u32)
+            // A ping after this long without a frame from the client, and the connection
+            // dropped if it is not answered within as long again.
+            .keep_alive_interval(Some(head_due))
+            .keep_alive_timeout(head_due);
         Self {
             http1,
             http2,
@@ -92,7 +111,8 @@ impl Serving {
 
     /// Serves `tcp` until the client or the server closes it.
     pub(super) async fn serve(&self, mut tcp: TcpStream, routed: Routed) {
-        let head_due = Instant::now() + self.head_due;
+        let opened = Instant::now();
+        let head_due = opened + self.head_due;
         // One wait for the whole connection (each new one takes a lock to register).
         let stopping = self.stopping.cancelled();
         tokio::pin!(stopping);
@@ -105,7 +125,7 @@ impl Serving {
             Ok(Err(_)) => {}
             Ok(Ok(first)) if first.is_empty() => {}
             Ok(Ok(first)) if first[..] == H2_PREFACE[..] => {
-                self.serve_http2(tcp, first, routed, stopping).await
+                self.serve_http2(tcp, first, opened, routed, stopping).await
             }
             Ok(Ok(first)) => {
                 self.serve_http1(tcp, first, head_due, routed, stopping)
@@ -114,26 +134,55 @@ impl Serving {
         }
     }
 
+    /// `opened`: when the connection was accepted.
     async fn serve_http2(
         &self,
         tcp: TcpStream,
         first: Bytes,
+        opened: Instant,
         routed: Routed,
-        stopping: Pin<&mut WaitForCancellationFuture<'_>>,
+        mut stopping: Pin<&mut WaitForCancellationFuture<'_>>,
     ) {
+        let streams = Arc::new(Streams::new(opened));
+        let service = StreamService {
+            routed,
+            streams: Arc::clone(&streams),
+        };
         let connection = self
             .http2
-            .serve_connection(TokioIo::new(Prefixed::new(first, tcp)), routed);
+            .serve_connection(TokioIo::new(Prefixed::new(first, tcp)), service);
         tokio::pin!(connection);
-        let ended = tokio::select! {
-            ended = connection.as_mut() => ended,
-            () = stopping => {
-                // A GOAWAY: the streams under way finish, no new one starts.
-                connection.as_mut().graceful_shutdown();
-                connection.await
+        let idle_check = tokio::time::sleep_until(opened + self.head_due);
+        tokio::pin!(idle_check);
+        let ended = loop {
+            tokio::select! {
+                ended = connection.as_mut() => break ended,
+                () = idle_check.as_mut() => match streams.idle_at(self.head_due) {
+                    // No request for `head_due`: closed as an idle HTTP/1 connection is,
+                    // with a GOAWAY first. Only a request begun in this very instant can
+                    // be under way; like one racing an HTTP/1 idle close, it may be cut.
+                    Some(idle) if idle <= Instant::now() => {
+                        self.refusals.note(ConnectionRefusal::HeaderTimeout);
+                        connection.as_mut().graceful_shutdown();
+                        let _ = tokio::time::timeout(GOAWAY_WAIT, connection.as_mut()).await;
+                        return;
+                    }
+                    Some(idle) => idle_check.as_mut().reset(idle),
+                    // Checked again once the requests under way could have ended.
+                    None => idle_check.as_mut().reset(Instant::now() + self.head_due),
+                },
+                () = stopping.as_mut() => {
+                    // A GOAWAY: the streams under way finish, no new one starts.
+                    connection.as_mut().graceful_shutdown();
+                    break connection.await;
+                }
             }
         };
-        self.note_end(ended);
+        // Not a refusal even when it timed out: that is a ping left unanswered (the
+        // peer is gone), not a request head.
+        if let Err(err) = ended {
+            tracing::debug!(error = %err, "HTTP/2 client connection ended with an error");
+        }
     }
 
     /// hyper connections one after another, each for as long as the client keeps it busy;
@@ -206,8 +255,7 @@ impl Serving {
             // Only a connection ended for quiet goes on: hyper ended any other because
             // the client closed or asked to, or the server is stopping.
             if !quieted || !exchanges.reusable() || self.stopping.is_cancelled() {
-                let _ = tcp.shutdown().await;
-                return;
+                return linger(tcp).await;
             }
             // What hyper read past the response first, then what it never read: copied
             // out, since hyper's read buffer (8 KiB, even when empty) must not stay with
@@ -252,6 +300,18 @@ impl Serving {
                 None => tracing::debug!(error = %err, "client connection ended with an error"),
             }
         }
+    }
+}
+
+/// Closes a connection after its last answer: the answer is followed by the end of the
+/// stream at once, and what the client still sends is read and dropped until it closes
+/// too, for at most [`LINGER`]. Closed with bytes unread, the socket would be reset, and
+/// a client still sending a body the answer refused (a 413 given from `Content-Length`)
+/// would get a broken pipe instead of the answer.
+async fn linger(mut tcp: TcpStream) {
+    if tcp.shutdown().await.is_ok() {
+        let mut sink = tokio::io::sink();
+        let _ = tokio::time::timeout(LINGER, tokio::io::copy(&mut tcp, &mut sink)).await;
     }
 }
 

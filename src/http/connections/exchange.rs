@@ -3,6 +3,9 @@
 //! since a given moment, and whether the client connection may carry another request
 //! once hyper gives it back: the last request asked to keep it, and its body was read
 //! to its end (bytes of a body left unread must never be taken for a request's head).
+//! An answer given before its request's body was read to its end (a 413 from
+//! `Content-Length`, a route that takes no body) says `Connection: close`, since the
+//! connection closes after it: a client must not send its next request on it.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -15,7 +18,7 @@ use std::task::{Context, Poll};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
-use axum::http::{Request, Response, Version, header};
+use axum::http::{HeaderValue, Request, Response, Version, header};
 use bytes::Bytes;
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::service::TowerToHyperService;
@@ -129,9 +132,14 @@ impl hyper::service::Service<Request<Incoming>> for ExchangeService {
         });
         let answer = hyper::service::Service::call(&self.routed, request);
         Box::pin(async move {
-            let response = answer.await;
+            let mut response = answer.await?;
+            if exchanges.body_read.load(Ordering::Acquire) != number {
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
             exchanges.answered.fetch_add(1, Ordering::AcqRel);
-            response
+            Ok(response)
         })
     }
 }

@@ -28,6 +28,7 @@ pub(super) fn refusal(err: &(dyn std::error::Error + 'static)) -> Option<Connect
 pub(super) struct Refusals {
     metrics: Metrics,
     max_open: AtomicU64,
+    max_open_per_client: AtomicU64,
     header_timeout: AtomicU64,
     malformed_head: AtomicU64,
     head_too_large: AtomicU64,
@@ -38,6 +39,7 @@ impl Refusals {
         Self {
             metrics,
             max_open: AtomicU64::new(0),
+            max_open_per_client: AtomicU64::new(0),
             header_timeout: AtomicU64::new(0),
             malformed_head: AtomicU64::new(0),
             head_too_large: AtomicU64::new(0),
@@ -48,6 +50,7 @@ impl Refusals {
         self.metrics.connection_refused(refusal);
         match refusal {
             ConnectionRefusal::MaxOpen => &self.max_open,
+            ConnectionRefusal::MaxOpenPerClient => &self.max_open_per_client,
             ConnectionRefusal::HeaderTimeout => &self.header_timeout,
             ConnectionRefusal::MalformedHead => &self.malformed_head,
             ConnectionRefusal::HeadTooLarge => &self.head_too_large,
@@ -59,16 +62,18 @@ impl Refusals {
     /// the client sent.
     pub(super) fn log(&self) {
         let max_open = self.max_open.swap(0, Ordering::Relaxed);
+        let max_open_per_client = self.max_open_per_client.swap(0, Ordering::Relaxed);
         let header_timeout = self.header_timeout.swap(0, Ordering::Relaxed);
         let malformed_head = self.malformed_head.swap(0, Ordering::Relaxed);
         let head_too_large = self.head_too_large.swap(0, Ordering::Relaxed);
-        if max_open + header_timeout + malformed_head + head_too_large > 0 {
+        if max_open + max_open_per_client + header_timeout + malformed_head + head_too_large > 0 {
             tracing::warn!(
                 max_open,
+                max_open_per_client,
                 header_timeout,
                 malformed_head,
                 head_too_large,
-                "client connections refused (max_open: the connection cap was reached; header_timeout: no complete request head in time; malformed_head: a request head that could not be parsed, answered 400; head_too_large: a request head over the limits, answered 431)"
+                "client connections refused (max_open: the connection cap was reached; max_open_per_client: the cap of connections from one address was reached; header_timeout: no complete request head in time; malformed_head: a request head that could not be parsed, answered 400; head_too_large: a request head over the limits, answered 431)"
             );
         }
     }

@@ -5,7 +5,6 @@
 //! ([`crate::reload`]); the handlers only read the bodies and render the answers.
 
 use axum::Json;
-use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
@@ -17,7 +16,7 @@ use utoipa_axum::routes;
 
 use crate::error::ApiError;
 use crate::http::auth::{bearer_token, is_admin_token};
-use crate::http::body::json_body as body;
+use crate::http::body::JsonBody;
 use crate::http::routes::usage::{KeyUsage, key_usage};
 use crate::key_limits::LimitInput;
 use crate::keys::{KeyError, KeyService, LimitsChange, NewLimits};
@@ -231,13 +230,12 @@ fn api_error(err: KeyError) -> ApiError {
             ("revoke_key" = (operation_id = "revoke_key", parameters(("key" = "$response.body#/prefix")))),
             ("set_limits" = (operation_id = "set_limits", parameters(("key" = "$response.body#/prefix")))),
             ("usage" = (operation_id = "usage", parameters(("key" = "$response.body#/prefix")))),
-        )), (status = 400, body = crate::http::openapi::ErrorEnvelopeDoc), (status = 401, body = crate::http::openapi::ErrorEnvelopeDoc)),
+        )), (status = 400, body = crate::http::openapi::ErrorEnvelopeDoc), (status = 401, body = crate::http::openapi::ErrorEnvelopeDoc), (status = 408, description = "`request_timeout`: the body did not arrive within `connections.body_read_timeout_ms` of its headers.", body = crate::http::openapi::ErrorEnvelopeDoc), (status = 413, description = "`request_too_large`: the body is over 2 MiB (or `max_body_bytes` if that is less). Carries `X-Should-Retry: false`.", body = crate::http::openapi::ErrorEnvelopeDoc)),
     security(("admin" = [])))]
 pub async fn create_key(
     State(state): State<AppState>,
-    payload: Result<Json<NewKeyRequest>, JsonRejection>,
+    JsonBody(new): JsonBody<NewKeyRequest>,
 ) -> Result<(StatusCode, Json<CreatedKey>), ApiError> {
-    let new = body(payload)?;
     let limits = NewLimits {
         monthly_budget: input(new.monthly_budget),
         requests_per_minute: input(new.requests_per_minute),
@@ -303,14 +301,13 @@ pub async fn revoke_key(
 
 #[utoipa::path(patch, path = "/admin/keys/{key}/limits", tag = "admin", request_body = LimitsPatch,
     params(("key" = String, Path, description = "Key id or prefix")),
-    responses((status = 200, body = KeyView), (status = 400, description = "`invalid_request`: a limit is out of its bounds or not a whole number (`param` names it), the body is not the JSON object documented, or `{key}` is not UTF-8 once percent-decoded.", body = crate::http::openapi::ErrorEnvelopeDoc), (status = 401, body = crate::http::openapi::ErrorEnvelopeDoc), (status = 404, body = crate::http::openapi::ErrorEnvelopeDoc)),
+    responses((status = 200, body = KeyView), (status = 400, description = "`invalid_request`: a limit is out of its bounds or not a whole number (`param` names it), the body is not the JSON object documented, or `{key}` is not UTF-8 once percent-decoded.", body = crate::http::openapi::ErrorEnvelopeDoc), (status = 401, body = crate::http::openapi::ErrorEnvelopeDoc), (status = 404, body = crate::http::openapi::ErrorEnvelopeDoc), (status = 408, description = "`request_timeout`: the body did not arrive within `connections.body_read_timeout_ms` of its headers.", body = crate::http::openapi::ErrorEnvelopeDoc), (status = 413, description = "`request_too_large`: the body is over 2 MiB (or `max_body_bytes` if that is less). Carries `X-Should-Retry: false`.", body = crate::http::openapi::ErrorEnvelopeDoc)),
     security(("admin" = [])))]
 pub async fn set_limits(
     State(state): State<AppState>,
     Path(key): Path<String>,
-    payload: Result<Json<LimitsPatch>, JsonRejection>,
+    JsonBody(patch): JsonBody<LimitsPatch>,
 ) -> Result<Json<KeyView>, ApiError> {
-    let patch = body(payload)?;
     let limits = LimitsChange {
         monthly_budget: change(patch.monthly_budget),
         requests_per_minute: change(patch.requests_per_minute),

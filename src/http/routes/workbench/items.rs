@@ -4,7 +4,6 @@
 
 use axum::Extension;
 use axum::Json;
-use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
@@ -16,7 +15,7 @@ use super::answer::{
 };
 use crate::error::ApiError;
 use crate::http::auth::Caller;
-use crate::http::body::json_body;
+use crate::http::body::JsonBody;
 use crate::state::AppState;
 use crate::store::now_unix;
 use crate::store::workbench::{ItemChange, ItemRecord, NewItem};
@@ -126,6 +125,8 @@ pub async fn list_items(
         (status = 201, description = "The new item.", body = ItemView),
         (status = 400, description = "`invalid_request`: bad JSON, an unknown field, a title over 200 characters.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 401, description = "`invalid_api_key`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 408, description = "`request_timeout`: the body did not arrive within `connections.body_read_timeout_ms` of its headers.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 413, description = "`request_too_large`: the body is over 2 MiB (or `max_body_bytes` if that is less). Carries `X-Should-Retry: false`.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 429, description = "`rate_limited`: more requests per minute than the key's rate, which Workbench requests and completions count against alike.", body = crate::http::openapi::ErrorEnvelopeDoc,
             headers(("Retry-After" = u32, description = "Seconds to wait."))),
         (status = 503, description = "`store_unavailable`.", body = crate::http::openapi::ErrorEnvelopeDoc),
@@ -134,9 +135,8 @@ pub async fn list_items(
 pub async fn create_item(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    payload: Result<Json<NewItemRequest>, JsonRejection>,
+    JsonBody(request): JsonBody<NewItemRequest>,
 ) -> Result<(StatusCode, Json<ItemView>), ApiError> {
-    let request = json_body(payload)?;
     let now = now_unix();
     let ttl = i64::try_from(state.config().workbench.checkpoint_ttl_secs).unwrap_or(i64::MAX);
     let content = json_text(&request.content);
@@ -187,6 +187,8 @@ pub async fn get_item(
         (status = 429, description = "`rate_limited`: more requests per minute than the key's rate, which Workbench requests and completions count against alike.", body = crate::http::openapi::ErrorEnvelopeDoc,
             headers(("Retry-After" = u32, description = "Seconds to wait."))),
         (status = 404, description = "`not_found`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 408, description = "`request_timeout`: the body did not arrive within `connections.body_read_timeout_ms` of its headers.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 413, description = "`request_too_large`: the body is over 2 MiB (or `max_body_bytes` if that is less). Carries `X-Should-Retry: false`.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 409, description = "`version_conflict`: the item was changed since `version` (in another tab); nothing was changed.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 503, description = "`store_unavailable`.", body = crate::http::openapi::ErrorEnvelopeDoc),
     ),
@@ -195,9 +197,8 @@ pub async fn update_item(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<i64>,
-    payload: Result<Json<ItemPatch>, JsonRejection>,
+    JsonBody(patch): JsonBody<ItemPatch>,
 ) -> Result<Json<ItemView>, ApiError> {
-    let patch = json_body(payload)?;
     let content = patch.content.as_ref().map(json_text);
     let change = ItemChange {
         version: patch.version,

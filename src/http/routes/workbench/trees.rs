@@ -7,7 +7,6 @@ use std::collections::HashMap;
 
 use axum::Extension;
 use axum::Json;
-use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
@@ -19,7 +18,7 @@ use super::answer::{
 };
 use crate::error::ApiError;
 use crate::http::auth::Caller;
-use crate::http::body::json_body;
+use crate::http::body::JsonBody;
 use crate::state::AppState;
 use crate::store::now_unix;
 use crate::store::workbench::{Added, NodeFlags, NodeRecord, TreeNode, TreeRecord};
@@ -188,6 +187,8 @@ fn view(tree: TreeRecord, nodes: Vec<NodeRecord>) -> TreeView {
         (status = 201, description = "The new tree with its root.", body = TreeView),
         (status = 400, description = "`invalid_request`.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 401, description = "`invalid_api_key`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 408, description = "`request_timeout`: the body did not arrive within `connections.body_read_timeout_ms` of its headers.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 413, description = "`request_too_large`: the body is over 2 MiB (or `max_body_bytes` if that is less). Carries `X-Should-Retry: false`.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 429, description = "`rate_limited`: more requests per minute than the key's rate, which Workbench requests and completions count against alike.", body = crate::http::openapi::ErrorEnvelopeDoc,
             headers(("Retry-After" = u32, description = "Seconds to wait."))),
         (status = 503, description = "`store_unavailable`.", body = crate::http::openapi::ErrorEnvelopeDoc),
@@ -196,9 +197,8 @@ fn view(tree: TreeRecord, nodes: Vec<NodeRecord>) -> TreeView {
 pub async fn create_tree(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    payload: Result<Json<NewTreeRequest>, JsonRejection>,
+    JsonBody(request): JsonBody<NewTreeRequest>,
 ) -> Result<(StatusCode, Json<TreeView>), ApiError> {
-    let request = json_body(payload)?;
     let root = TreeNode {
         parent: None,
         text: &request.root_text,
@@ -223,6 +223,8 @@ pub async fn create_tree(
         (status = 201, description = "The imported tree, a new one with new ids.", body = TreeView),
         (status = 400, description = "`invalid_request`: not an export (`format` other than `fleetgate-loom/1`, an unknown field), no root, a node whose parent is not an earlier node.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 401, description = "`invalid_api_key`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 408, description = "`request_timeout`: the body did not arrive within `connections.body_read_timeout_ms` of its headers.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 413, description = "`request_too_large`: the body is over 2 MiB (or `max_body_bytes` if that is less). Carries `X-Should-Retry: false`.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 429, description = "`rate_limited`: more requests per minute than the key's rate, which Workbench requests and completions count against alike.", body = crate::http::openapi::ErrorEnvelopeDoc,
             headers(("Retry-After" = u32, description = "Seconds to wait."))),
         (status = 503, description = "`store_unavailable`.", body = crate::http::openapi::ErrorEnvelopeDoc),
@@ -231,9 +233,8 @@ pub async fn create_tree(
 pub async fn import_tree(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    payload: Result<Json<TreeExport>, JsonRejection>,
+    JsonBody(export): JsonBody<TreeExport>,
 ) -> Result<(StatusCode, Json<TreeView>), ApiError> {
-    let export = json_body(payload)?;
     if export.format != EXPORT_FORMAT {
         return Err(ApiError::invalid_param(
             "format",
@@ -355,6 +356,8 @@ pub async fn export_tree(
         (status = 429, description = "`rate_limited`: more requests per minute than the key's rate, which Workbench requests and completions count against alike.", body = crate::http::openapi::ErrorEnvelopeDoc,
             headers(("Retry-After" = u32, description = "Seconds to wait."))),
         (status = 404, description = "`not_found`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 408, description = "`request_timeout`: the body did not arrive within `connections.body_read_timeout_ms` of its headers.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 413, description = "`request_too_large`: the body is over 2 MiB (or `max_body_bytes` if that is less). Carries `X-Should-Retry: false`.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 409, description = "`version_conflict`: renamed since `version`; nothing was changed.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 503, description = "`store_unavailable`.", body = crate::http::openapi::ErrorEnvelopeDoc),
     ),
@@ -363,9 +366,8 @@ pub async fn rename_tree(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<i64>,
-    payload: Result<Json<TreePatch>, JsonRejection>,
+    JsonBody(patch): JsonBody<TreePatch>,
 ) -> Result<Json<TreeSummary>, ApiError> {
-    let patch = json_body(payload)?;
     let outcome = store(&state)
         .rename_tree(
             caller.0.id,
@@ -412,6 +414,8 @@ pub async fn delete_tree(
         (status = 429, description = "`rate_limited`: more requests per minute than the key's rate, which Workbench requests and completions count against alike.", body = crate::http::openapi::ErrorEnvelopeDoc,
             headers(("Retry-After" = u32, description = "Seconds to wait."))),
         (status = 404, description = "`not_found`: no such tree for this key.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 408, description = "`request_timeout`: the body did not arrive within `connections.body_read_timeout_ms` of its headers.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 413, description = "`request_too_large`: the body is over 2 MiB (or `max_body_bytes` if that is less). Carries `X-Should-Retry: false`.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 503, description = "`store_unavailable`.", body = crate::http::openapi::ErrorEnvelopeDoc),
     ),
     security(("bearer" = [])))]
@@ -419,9 +423,8 @@ pub async fn add_node(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<i64>,
-    payload: Result<Json<NewNodeRequest>, JsonRejection>,
+    JsonBody(request): JsonBody<NewNodeRequest>,
 ) -> Result<(StatusCode, Json<NodeView>), ApiError> {
-    let request = json_body(payload)?;
     let meta = json_text(&request.meta);
     let added = store(&state)
         .add_node(
@@ -456,6 +459,8 @@ pub async fn add_node(
         (status = 429, description = "`rate_limited`: more requests per minute than the key's rate, which Workbench requests and completions count against alike.", body = crate::http::openapi::ErrorEnvelopeDoc,
             headers(("Retry-After" = u32, description = "Seconds to wait."))),
         (status = 404, description = "`not_found`: no such tree for this key, or no such node in it.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 408, description = "`request_timeout`: the body did not arrive within `connections.body_read_timeout_ms` of its headers.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 413, description = "`request_too_large`: the body is over 2 MiB (or `max_body_bytes` if that is less). Carries `X-Should-Retry: false`.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 409, description = "`version_conflict`: the node's flags changed since `version`; nothing was changed.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 503, description = "`store_unavailable`.", body = crate::http::openapi::ErrorEnvelopeDoc),
     ),
@@ -464,9 +469,8 @@ pub async fn set_node_flags(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path((id, node_id)): Path<(i64, i64)>,
-    payload: Result<Json<NodePatch>, JsonRejection>,
+    JsonBody(patch): JsonBody<NodePatch>,
 ) -> Result<Json<NodeView>, ApiError> {
-    let patch = json_body(payload)?;
     let flags = NodeFlags {
         version: patch.version,
         bookmarked: patch.bookmarked,

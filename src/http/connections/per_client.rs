@@ -1,0 +1,91 @@
+//! `connections.max_open_per_client`: at most that many connections open at once from
+//! one peer address, on each listener (`0`, the default: no such cap), so that one
+//! client cannot take all of `connections.max_open` by itself.
+//!
+//! A client is its TCP peer's IP address, nothing it says (no `X-Forwarded-For`):
+//! behind a load balancer or a proxy, every client has the proxy's address, and this
+//! cap would be the proxy's.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// The connections open from each peer address.
+pub(super) struct PerClient {
+    /// `0`: no cap, and nothing counted.
+    cap: usize,
+    open: Mutex<HashMap<IpAddr, usize>>,
+}
+
+impl PerClient {
+    pub(super) fn new(cap: usize) -> Arc<Self> {
+        Arc::new(Self {
+            cap,
+            open: Mutex::default(),
+        })
+    }
+
+    /// One more connection from `ip`, counted until the hold is dropped; `None` when
+    /// `ip` has the cap's worth open already.
+    pub(super) fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<ClientHold> {
+        if self.cap == 0 {
+            return Some(ClientHold(None));
+        }
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = open.entry(ip).or_insert(0);
+        if *count >= self.cap {
+            return None;
+        }
+        *count += 1;
+        Some(ClientHold(Some((Arc::clone(self), ip))))
+    }
+}
+
+/// One connection counted against its peer address until dropped.
+pub(super) struct ClientHold(Option<(Arc<PerClient>, IpAddr)>);
+
+impl Drop for ClientHold {
+    fn drop(&mut self) {
+        let Some((per_client, ip)) = self.0.take() else {
+            return;
+        };
+        let mut open = per_client
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // An address with none open leaves the map: it holds only addresses in use.
+        if let Some(count) = open.get_mut(&ip) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&ip);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_address_gets_the_cap_and_a_closed_connection_frees_its_place() {
+        let per_client = PerClient::new(2);
+        let (a, b): (IpAddr, IpAddr) = ([10, 0, 0, 1].into(), [10, 0, 0, 2].into());
+        let first = per_client.admit(a).unwrap();
+        let _second = per_client.admit(a).unwrap();
+        assert!(per_client.admit(a).is_none());
+        let _other = per_client.admit(b).unwrap();
+        drop(first);
+        assert!(per_client.admit(a).is_some());
+    }
+
+    #[test]
+    fn with_no_cap_nothing_is_counted() {
+        let per_client = PerClient::new(0);
+        let holds: Vec<_> = (0..100)
+            .map(|_| per_client.admit([10, 0, 0, 1].into()).unwrap())
+            .collect();
+        assert_eq!(holds.len(), 100);
+        assert!(per_client.open.lock().unwrap().is_empty());
+    }
+}
