@@ -23,8 +23,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::cut::shutting_down;
 use super::dispatch::Window;
-use super::draining::shutting_down;
 use super::outcome::{BootEvent, Booting};
 use super::outgoing::Outgoing;
 use super::settle::Settlement;

@@ -1,11 +1,31 @@
-//! When a relayed answer must be cut short: fleetgate's shutdown grace period is over,
-//! or its node was found dead. A streamed body looks at this between the pieces it
-//! relays, and before it waits for the next.
+//! When a request must stop short: fleetgate's shutdown grace period is over, or its
+//! node was found dead. One that has not started by the end of the grace period gets
+//! 503 ([`unless_draining`]); a relayed answer is cut ([`Cut`]): a streamed body looks
+//! at this between the pieces it relays, and before it waits for the next.
 
 use std::future::Future;
 use std::pin::Pin;
 
 use tokio_util::sync::CancellationToken;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// Runs `work` unless the shutdown grace period ends first (then 503).
+pub(super) async fn unless_draining<T>(
+    state: &AppState,
+    work: impl Future<Output = Result<T, ApiError>>,
+) -> Result<T, ApiError> {
+    tokio::select! {
+        done = work => done,
+        () = state.draining().cancelled() => Err(shutting_down()),
+    }
+}
+
+/// 503: the shutdown grace period is over and the request had not started.
+pub(super) fn shutting_down() -> ApiError {
+    ApiError::UpstreamUnavailable("fleetgate is shutting down. Retry shortly.".into())
+}
 
 /// Resolves, with the reason, when a relayed body must be cut short.
 pub type Cut = Pin<Box<dyn Future<Output = &'static str> + Send>>;

@@ -66,7 +66,7 @@ pub async fn dispatch(
             taken = model.acquire(exclude, affinity).instrument(tracing::debug_span!("route")) => taken,
             () = state.draining().cancelled() => {
                 return Err(Unanswered {
-                    error: super::draining::shutting_down(),
+                    error: super::cut::shutting_down(),
                     upstream: failed.map(|(u, _)| u),
                     sent: reached,
                 });

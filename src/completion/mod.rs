@@ -7,7 +7,6 @@ pub mod budget_refusal;
 pub mod cold;
 pub mod cut;
 pub mod dispatch;
-mod draining;
 pub mod meter;
 pub mod outcome;
 mod outgoing;
