@@ -18,6 +18,11 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+// First: its `backend_tests!` is used by the suites declared after it.
+#[macro_use]
+mod store;
+
+mod abuse_storage;
 mod admin;
 mod admission;
 mod cold_boot;
@@ -38,6 +43,4 @@ mod openapi;
 mod prefix;
 mod reload;
 mod router;
-#[macro_use]
-mod store;
 mod workbench;
