@@ -78,6 +78,28 @@ pub enum ApiError {
         "This key has {pending} jobs queued or running, the most allowed. Harvest some and retry."
     )]
     JobsPending { pending: u64, retry_after: Duration },
+    /// The key's queued and running jobs hold so many request bytes that this one would
+    /// take them over `jobs.max_pending_bytes_per_key`.
+    #[error(
+        "This key's queued and running jobs hold {pending_bytes} bytes of requests; this one's {request_bytes} bytes would take them over the limit of {limit} bytes. Harvest some and retry."
+    )]
+    JobsPendingBytes {
+        pending_bytes: u64,
+        request_bytes: usize,
+        limit: u64,
+        retry_after: Duration,
+    },
+    /// A Workbench or Loom write that would leave the key keeping more than
+    /// `workbench.max_bytes_per_key`; nothing was written.
+    #[error(
+        "This change would leave this key keeping {bytes} bytes in the Workbench and Loom, over its limit of {limit} bytes; nothing was changed. Delete saved items or trees you no longer need, then try again."
+    )]
+    StorageQuotaExceeded { bytes: i64, limit: i64 },
+    /// A Loom import with more nodes than `workbench.max_import_nodes`.
+    #[error(
+        "The import has {nodes} nodes, more than the limit of {limit}; nothing was imported. Split the tree, or import a branch of it."
+    )]
+    ImportTooLarge { nodes: usize, limit: u32 },
     /// `POST /admin/reload` found the config file invalid (or none to read); nothing
     /// was changed.
     #[error("{0}")]
@@ -260,13 +282,16 @@ impl ApiError {
             Self::IdempotencyKeyReused(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::InvalidConfig(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::PayloadTooLarge { .. }
+            | Self::StorageQuotaExceeded { .. }
+            | Self::ImportTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::HeadTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Self::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::UpstreamRejected { status, .. } => *status,
             Self::RateLimited { .. }
             | Self::QueueFull { .. }
             | Self::JobsPending { .. }
+            | Self::JobsPendingBytes { .. }
             | Self::BudgetExceeded { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::AdmissionUnavailable | Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::UpstreamUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -291,14 +316,19 @@ impl ApiError {
             Self::IdempotencyKeyReused(_) => "idempotency_key_reused",
             Self::InvalidConfig(_) => "invalid_config",
             Self::MethodNotAllowed { .. } => "method_not_allowed",
-            Self::PayloadTooLarge { .. } | Self::HeadTooLarge { .. } => "request_too_large",
+            Self::PayloadTooLarge { .. }
+            | Self::HeadTooLarge { .. }
+            | Self::ImportTooLarge { .. } => "request_too_large",
+            Self::StorageQuotaExceeded { .. } => "storage_quota_exceeded",
             Self::RequestTimeout { .. } => "request_timeout",
             Self::UpstreamRejected { kind, .. } => kind,
             Self::UpstreamUnavailable(_) => "upstream_unavailable",
             Self::DeadlineInfeasible { .. } => "deadline_infeasible",
             Self::UpstreamDeadline { .. } => "upstream_deadline",
             Self::RateLimited { .. } => "rate_limited",
-            Self::QueueFull { .. } | Self::JobsPending { .. } => "queue_full",
+            Self::QueueFull { .. } | Self::JobsPending { .. } | Self::JobsPendingBytes { .. } => {
+                "queue_full"
+            }
             Self::BudgetExceeded { .. } => "budget_exceeded",
             Self::AdmissionUnavailable => "admission_unavailable",
             Self::StoreUnavailable => "store_unavailable",
@@ -356,6 +386,7 @@ impl ApiError {
             Self::RateLimited { retry_after, .. }
             | Self::QueueFull { retry_after, .. }
             | Self::JobsPending { retry_after, .. }
+            | Self::JobsPendingBytes { retry_after, .. }
             | Self::BudgetExceeded { retry_after, .. } => {
                 Some(Duration::from_secs(retry_after_secs(retry_after)))
             }
@@ -371,6 +402,8 @@ impl ApiError {
             self,
             Self::PayloadTooLarge { .. }
                 | Self::HeadTooLarge { .. }
+                | Self::StorageQuotaExceeded { .. }
+                | Self::ImportTooLarge { .. }
                 | Self::DeadlineInfeasible { .. }
                 | Self::UpstreamDeadline { .. }
                 | Self::BudgetExceeded { .. }

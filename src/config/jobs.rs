@@ -32,6 +32,10 @@ pub struct JobSettings {
     /// Queued and running jobs a key may have; more submissions get 429 `queue_full`.
     #[serde(default = "default_max_pending_per_key")]
     pub max_pending_per_key: u32,
+    /// Bytes of request bodies a key's queued and running jobs may hold; a submission
+    /// that would go over gets 429 `queue_full` (retry once some have ended).
+    #[serde(default = "default_max_pending_bytes_per_key")]
+    pub max_pending_bytes_per_key: u64,
     /// Long-polls (`GET /v1/harvest/{id}?wait=`) waiting at once on this replica (at most
     /// 10,000), and per key; beyond them a harvest answers at once with
     /// `X-Acs-Longpoll: declined`.
@@ -63,6 +67,7 @@ impl Default for JobSettings {
             max_attempts: default_max_attempts(),
             run_timeout_ms: default_run_timeout_ms(),
             max_pending_per_key: default_max_pending_per_key(),
+            max_pending_bytes_per_key: default_max_pending_bytes_per_key(),
             max_waiters: default_max_waiters(),
             max_waiters_per_key: default_max_waiters_per_key(),
             queued_ttl_ms: default_day_ms(),
@@ -109,6 +114,11 @@ fn default_run_timeout_ms() -> u64 {
 }
 fn default_max_pending_per_key() -> u32 {
     10_000
+}
+/// 1 GiB: 32 requests at the largest body (32 MiB), or 10,000 jobs of 100 kB — a
+/// full queue of ordinary prompts, not 335 GB of huge ones.
+fn default_max_pending_bytes_per_key() -> u64 {
+    1 << 30
 }
 fn default_max_waiters() -> u32 {
     2_000

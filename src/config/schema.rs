@@ -61,7 +61,8 @@ pub struct Config {
     /// OpenTelemetry traces, exported over OTLP; off unless `otlp_endpoint` is set.
     #[serde(default)]
     pub traces: TraceSettings,
-    /// The Workbench and Loom: how long their recovery checkpoints are kept.
+    /// The Workbench and Loom: how long their recovery checkpoints are kept, and what
+    /// one key may keep there.
     #[serde(default)]
     pub workbench: WorkbenchSettings,
     /// Completion jobs: workers, long-polls, retention.
@@ -97,6 +98,15 @@ pub struct WorkbenchSettings {
     /// invisible at once; the sweep only frees its storage.)
     #[serde(default = "default_checkpoint_sweep_secs")]
     pub checkpoint_sweep_secs: u64,
+    /// Bytes one key may keep: its items' titles and contents (recovery checkpoints
+    /// included until swept), its trees' titles and its nodes' texts and metas, and
+    /// `store::workbench::ROW_BYTES` a row. A write
+    /// that would go over is refused whole with 413 `storage_quota_exceeded`.
+    #[serde(default = "default_max_bytes_per_key")]
+    pub max_bytes_per_key: u64,
+    /// Nodes one tree import may hold; more is 413 `request_too_large`.
+    #[serde(default = "default_max_import_nodes")]
+    pub max_import_nodes: u32,
 }
 
 impl Default for WorkbenchSettings {
@@ -104,6 +114,8 @@ impl Default for WorkbenchSettings {
         Self {
             checkpoint_ttl_secs: default_checkpoint_ttl_secs(),
             checkpoint_sweep_secs: default_checkpoint_sweep_secs(),
+            max_bytes_per_key: default_max_bytes_per_key(),
+            max_import_nodes: default_max_import_nodes(),
         }
     }
 }
@@ -359,6 +371,17 @@ fn default_checkpoint_sweep_secs() -> u64 {
 }
 fn default_retention_days() -> u32 {
     90
+}
+/// 256 MiB: about 2,500 saved runs with full per-token logprobs (~100 kB each), or a
+/// thousand trees of a few hundred nodes, while 1,000 keys at their bound still fit a
+/// 256 GB disk.
+fn default_max_bytes_per_key() -> u64 {
+    256 << 20
+}
+/// 10,000: far more than a tree grown by hand in the page, few enough that an import is
+/// 20 batches of the store's writer.
+fn default_max_import_nodes() -> u32 {
+    10_000
 }
 fn default_service_name() -> String {
     "fleetgate".to_owned()

@@ -135,6 +135,16 @@ fn workbench(workbench: &WorkbenchSettings) -> Result<(), String> {
     if i64::try_from(workbench.checkpoint_ttl_secs).is_err() {
         return Err("workbench.checkpoint_ttl_secs is too large".into());
     }
+    if workbench.max_bytes_per_key == 0 || i64::try_from(workbench.max_bytes_per_key).is_err() {
+        return Err(format!(
+            "workbench.max_bytes_per_key must be from 1 to {} (got {})",
+            i64::MAX,
+            workbench.max_bytes_per_key
+        ));
+    }
+    if workbench.max_import_nodes == 0 {
+        return Err("workbench.max_import_nodes must be at least 1".into());
+    }
     Ok(())
 }
 
@@ -311,6 +321,9 @@ fn jobs(jobs: &JobSettings) -> Result<(), String> {
     }
     if jobs.max_attempts == 0 || jobs.run_timeout_ms == 0 {
         return Err("jobs.max_attempts and jobs.run_timeout_ms must be at least 1".into());
+    }
+    if jobs.max_pending_bytes_per_key == 0 {
+        return Err("jobs.max_pending_bytes_per_key must be at least 1".into());
     }
     Ok(())
 }

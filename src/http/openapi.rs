@@ -214,6 +214,8 @@ pub struct JobDoc {
 pub struct JobPageDoc {
     /// Always `list`.
     object: String,
+    /// The jobs without their content: a succeeded job's `result` is left out (harvest
+    /// the job for it); a failed one's `error` envelope is kept.
     data: Vec<JobDoc>,
     first_id: Option<String>,
     /// Pass as `after` for the next page.

@@ -2,7 +2,8 @@
 //!
 //! The request is checked and admitted exactly as a synchronous one would be (every
 //! 400/401/413/429 is decided here, and the submission counts as a start against the
-//! key's rate), then stored; the front door answers `202 Accepted` with its
+//! key's rate), and held to the key's bounds on pending jobs (how many, and their
+//! request bytes), then stored; the front door answers `202 Accepted` with its
 //! `Location`. Its run is admitted again when a worker takes it (slots and budget, as
 //! any request). With an idempotency key, a retry with the same body gets the job
 //! already submitted and one with another body `idempotency_key_reused`, before any
@@ -56,9 +57,20 @@ pub async fn submit(
     }
     let settings = &state.config().jobs;
     let pending = jobs.pending(key).await.map_err(unavailable)?;
-    if pending >= u64::from(settings.max_pending_per_key) {
+    if pending.jobs >= u64::from(settings.max_pending_per_key) {
         return Err(ApiError::JobsPending {
-            pending,
+            pending: pending.jobs,
+            retry_after: PENDING_RETRY_AFTER,
+        });
+    }
+    // Two submissions of one key at once may both pass: the bound is exceeded by at
+    // most the key's concurrent submissions, each within `max_body_bytes`.
+    let request_bytes = u64::try_from(body.len()).unwrap_or(u64::MAX);
+    if pending.bytes.saturating_add(request_bytes) > settings.max_pending_bytes_per_key {
+        return Err(ApiError::JobsPendingBytes {
+            pending_bytes: pending.bytes,
+            request_bytes: body.len(),
+            limit: settings.max_pending_bytes_per_key,
             retry_after: PENDING_RETRY_AFTER,
         });
     }

@@ -15,6 +15,19 @@ macro_rules! job_columns {
     };
 }
 
+/// [`job_columns`] for a list: no request, and a result only when it is a failed run's
+/// error envelope (what a job in a list shows); never the bodies of a key's jobs.
+macro_rules! job_list_columns {
+    () => {
+        "id, key_id, model, status, idempotency_key, request_hash, \
+         CASE WHEN FALSE THEN request END AS request, \
+         CASE WHEN status = 'failed' THEN result END AS result, \
+         result_status, error_code, prompt_tokens, completion_tokens, attempts, \
+         lease_owner, lease_until_ms, run_after_ms, cancel_requested, created_at_ms, \
+         started_at_ms, finished_at_ms, expires_at_ms"
+    };
+}
+
 /// `impl JobStore for $store`, `$db` its sqlx database, `$lock` the claim's row lock,
 /// `$announce` a statement run with the job's id in the transaction that ends it (`""`:
 /// none), and the backend's own methods in the braces.
@@ -30,8 +43,8 @@ macro_rules! impl_job_store {
             ) -> Result<super::Inserted, super::StoreError> {
                 let created: Option<super::JobRow> = sqlx::query_as(concat!(
                     "INSERT INTO jobs (id, key_id, model, status, idempotency_key, ",
-                    "request_hash, request, run_after_ms, created_at_ms, expires_at_ms) ",
-                    "VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $7, $8) ",
+                    "request_hash, request, request_bytes, run_after_ms, created_at_ms, ",
+                    "expires_at_ms) VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8, $8, $9) ",
                     "ON CONFLICT (key_id, idempotency_key) WHERE idempotency_key IS NOT NULL ",
                     "DO NOTHING RETURNING ",
                     job_columns!()
@@ -42,6 +55,7 @@ macro_rules! impl_job_store {
                 .bind(job.idempotency_key.as_deref())
                 .bind(job.request_hash.as_slice())
                 .bind(job.request.as_slice())
+                .bind(i64::try_from(job.request.len()).unwrap_or(i64::MAX))
                 .bind(job.created_at_ms)
                 .bind(job.expires_at_ms)
                 .fetch_optional(&self.pool)
@@ -104,7 +118,7 @@ macro_rules! impl_job_store {
             ) -> Result<Vec<super::JobRow>, super::StoreError> {
                 let mut select = sqlx::QueryBuilder::<$db>::new(concat!(
                     "SELECT ",
-                    job_columns!(),
+                    job_list_columns!(),
                     " FROM jobs WHERE TRUE"
                 ));
                 if let Some(key_id) = query.key_id {
@@ -122,14 +136,19 @@ macro_rules! impl_job_store {
                 Ok(select.build_query_as().fetch_all(&self.pool).await?)
             }
 
-            async fn pending(&self, key_id: i64) -> Result<u64, super::StoreError> {
-                let count: i64 = sqlx::query_scalar(
-                    "SELECT COUNT(*) FROM jobs WHERE key_id = $1 AND status IN ('queued', 'running')",
-                )
+            async fn pending(&self, key_id: i64) -> Result<super::Pending, super::StoreError> {
+                // Over the partial index `jobs_pending_by_key` (migration 0006) alone.
+                let (jobs, bytes): (i64, i64) = sqlx::query_as(concat!(
+                    "SELECT COUNT(*), CAST(COALESCE(SUM(request_bytes), 0) AS BIGINT) ",
+                    "FROM jobs WHERE key_id = $1 AND status IN ('queued', 'running')"
+                ))
                 .bind(key_id)
                 .fetch_one(&self.pool)
                 .await?;
-                Ok(u64::try_from(count).unwrap_or(0))
+                Ok(super::Pending {
+                    jobs: u64::try_from(jobs).unwrap_or(0),
+                    bytes: u64::try_from(bytes).unwrap_or(0),
+                })
             }
 
             async fn claim(

@@ -131,6 +131,13 @@ pub struct JobOutcome {
     pub charge: Option<UsageRow>,
 }
 
+/// What a key's queued and running jobs hold: how many, and their request bodies' bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pending {
+    pub jobs: u64,
+    pub bytes: u64,
+}
+
 /// The page of jobs [`JobStore::list`] returns: newest first.
 #[derive(Debug, Clone, Default)]
 pub struct JobQuery {
@@ -185,11 +192,12 @@ pub trait JobStore: Send + Sync + 'static {
     /// Any key's job `id` (the operator's CLI).
     async fn any_job(&self, id: &str) -> Result<Option<JobRow>, StoreError>;
 
-    /// A page of jobs, newest first.
+    /// A page of jobs, newest first, without their content: no `request`, and a
+    /// `result` only for a failed job (its error envelope).
     async fn list(&self, query: &JobQuery) -> Result<Vec<JobRow>, StoreError>;
 
     /// The key's queued and running jobs.
-    async fn pending(&self, key_id: i64) -> Result<u64, StoreError>;
+    async fn pending(&self, key_id: i64) -> Result<Pending, StoreError>;
 
     /// Takes the oldest runnable job — queued and due, or running under a lease that
     /// lapsed before `now_ms` — as a new attempt leased to `owner` until `now_ms +

@@ -51,7 +51,8 @@ pub mod workbench;
 pub use backend::Store;
 pub use columns::{now_unix, now_unix_ms};
 pub use jobs::{
-    Inserted, JobEnds, JobOutcome, JobQuery, JobRow, JobStatus, JobStore, NewJob, Retention, Swept,
+    Inserted, JobEnds, JobOutcome, JobQuery, JobRow, JobStatus, JobStore, NewJob, Pending,
+    Retention, Swept,
 };
 pub use postgres::PostgresStore;
 pub use records::{

@@ -202,6 +202,10 @@ pub enum StoreError {
     /// message names the field, never a secret.
     #[error("invalid value: {0}")]
     Invalid(String),
+    /// A write that would leave the key keeping `bytes`, over its bound of `limit`;
+    /// nothing was written.
+    #[error("the key would keep {bytes} bytes, over its bound of {limit}")]
+    QuotaExceeded { bytes: i64, limit: i64 },
     #[error("cannot create the directory {}", .path.display())]
     CreateDir {
         path: std::path::PathBuf,

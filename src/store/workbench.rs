@@ -5,6 +5,11 @@
 //! Every method takes the owning key's id and touches nothing of another key: what
 //! another key owns is as absent as what does not exist. Every method that depends on
 //! the time takes `now` (Unix seconds), so that tests can move the clock.
+//!
+//! What a key keeps is counted in bytes (titles, contents, node texts and metas, and
+//! [`ROW_BYTES`] a row; the store's triggers keep the sum per key, migration 0006). A write that adds bytes takes
+//! the key's bound (`max_bytes`) and is refused whole with [`StoreError::QuotaExceeded`]
+//! when it would leave the key over it. Lists come a [`Page`] at a time.
 
 use super::records::StoreError;
 
@@ -22,6 +27,42 @@ pub struct ItemRecord {
     pub updated_at: i64,
     /// `Some`: a recovery checkpoint, gone at this time (Unix seconds); `None`: saved.
     pub expires_at: Option<i64>,
+}
+
+/// An item as a list shows it: everything but its content.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct ItemSummary {
+    pub id: i64,
+    pub kind: String,
+    pub title: String,
+    pub version: i64,
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub expires_at: Option<i64>,
+}
+
+/// The place of an entry in a list ordered most recently changed first: a page after
+/// it holds the entries changed before it (ties by id, higher first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cursor {
+    pub updated_at: i64,
+    pub id: i64,
+}
+
+/// A page of a list: at most `limit` entries, those after `after` (from the start
+/// when `None`).
+#[derive(Clone, Copy, Debug)]
+pub struct Page {
+    pub after: Option<Cursor>,
+    pub limit: u32,
+}
+
+impl Page {
+    /// `(updated_at, id)` of the cursor, or values above any entry's for the first page.
+    pub(super) fn bounds(&self) -> (i64, i64) {
+        self.after
+            .map_or((i64::MAX, i64::MAX), |after| (after.updated_at, after.id))
+    }
 }
 
 /// A new item; `expires_at` as in [`ItemRecord`].
@@ -81,6 +122,15 @@ pub struct TreeNode<'a> {
     pub pruned: bool,
 }
 
+/// A node added to a tree: a child of `parent_id`.
+#[derive(Clone, Copy, Debug)]
+pub struct NewNode<'a> {
+    pub parent_id: i64,
+    pub text: &'a str,
+    /// The page's JSON, as in [`NodeRecord`].
+    pub meta: &'a str,
+}
+
 /// A change to a node's flags made from `version`; `None` leaves a flag as it is.
 #[derive(Clone, Copy, Debug)]
 pub struct NodeFlags {
@@ -113,15 +163,25 @@ pub enum Added {
 
 #[async_trait::async_trait]
 pub trait WorkbenchStore: Send + Sync {
+    /// The bytes the key keeps in the Workbench and Loom.
+    async fn stored_bytes(&self, key_id: i64) -> Result<i64, StoreError>;
+
     async fn create_item(
         &self,
         key_id: i64,
         item: &NewItem<'_>,
+        max_bytes: i64,
         now: i64,
     ) -> Result<ItemRecord, StoreError>;
 
-    /// The key's saved items and live checkpoints, most recently changed first.
-    async fn items(&self, key_id: i64, now: i64) -> Result<Vec<ItemRecord>, StoreError>;
+    /// A page of the key's saved items and live checkpoints, most recently changed
+    /// first, without their content.
+    async fn items(
+        &self,
+        key_id: i64,
+        now: i64,
+        page: &Page,
+    ) -> Result<Vec<ItemSummary>, StoreError>;
 
     /// `None` when there is no such item for this key, or it was a checkpoint that has
     /// expired (whether or not the sweeper has deleted it yet).
@@ -132,6 +192,7 @@ pub trait WorkbenchStore: Send + Sync {
         key_id: i64,
         id: i64,
         change: &ItemChange<'_>,
+        max_bytes: i64,
         now: i64,
     ) -> Result<Versioned<ItemRecord>, StoreError>;
 
@@ -141,19 +202,25 @@ pub trait WorkbenchStore: Send + Sync {
     /// Deletes the checkpoints expired at `now`, of every key; returns how many.
     async fn sweep_checkpoints(&self, now: i64) -> Result<u64, StoreError>;
 
-    /// A tree with its nodes, in one transaction. `nodes` must be non-empty, start with
-    /// the root and name only earlier nodes as parents ([`StoreError::Invalid`] if not).
-    /// Returns the tree and its nodes in the order given.
+    /// A tree with its nodes. `nodes` must be non-empty, start with the root and name
+    /// only earlier nodes as parents ([`StoreError::Invalid`] if not). Returns the tree
+    /// and its nodes in the order given.
+    ///
+    /// Written [`TREE_BATCH_NODES`] nodes to a transaction, pausing between two as long
+    /// as the last took, so that a large tree does not hold SQLite's one writer for
+    /// long; the tree shows its nodes as they are written. When a batch fails or would
+    /// leave the key over `max_bytes`, what was written is deleted again.
     async fn create_tree(
         &self,
         key_id: i64,
         title: &str,
         nodes: &[TreeNode<'_>],
+        max_bytes: i64,
         now: i64,
     ) -> Result<(TreeRecord, Vec<NodeRecord>), StoreError>;
 
-    /// The key's trees, most recently changed first.
-    async fn trees(&self, key_id: i64) -> Result<Vec<TreeRecord>, StoreError>;
+    /// A page of the key's trees, most recently changed first.
+    async fn trees(&self, key_id: i64, page: &Page) -> Result<Vec<TreeRecord>, StoreError>;
 
     /// The tree and all its nodes (pruned ones too), oldest node first.
     async fn tree(
@@ -180,9 +247,8 @@ pub trait WorkbenchStore: Send + Sync {
         &self,
         key_id: i64,
         tree_id: i64,
-        parent_id: i64,
-        text: &str,
-        meta: &str,
+        node: &NewNode<'_>,
+        max_bytes: i64,
         now: i64,
     ) -> Result<Added, StoreError>;
 
@@ -195,6 +261,14 @@ pub trait WorkbenchStore: Send + Sync {
         now: i64,
     ) -> Result<Versioned<NodeRecord>, StoreError>;
 }
+
+/// What a row (an item, a tree, a node) counts against its key's bytes besides its
+/// text: about what the row and its index entries take, so that many empty rows count
+/// too. Migration 0006's triggers count the same.
+pub const ROW_BYTES: i64 = 100;
+
+/// Nodes of a tree written in one transaction (see [`WorkbenchStore::create_tree`]).
+pub const TREE_BATCH_NODES: usize = 500;
 
 /// Checks that `nodes` form a tree as [`WorkbenchStore::create_tree`] requires.
 pub(super) fn check_tree(nodes: &[TreeNode<'_>]) -> Result<(), StoreError> {

@@ -18,10 +18,15 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+// First: its `backend_tests!` is used by the suites declared after it.
+#[macro_use]
+mod store;
+
 mod abuse_aborts;
 mod abuse_admission;
 mod abuse_connections;
 mod abuse_nodes;
+mod abuse_storage;
 mod admin;
 mod admission;
 mod cold_boot;
@@ -42,8 +47,4 @@ mod openapi;
 mod prefix;
 mod reload;
 mod router;
-#[macro_use]
-mod store;
-// After `store`: it instantiates its store tests with `store`'s `backend_tests!`.
-mod abuse_noise;
 mod workbench;

@@ -13,13 +13,22 @@ use serde_json::{Value, json};
 
 use crate::common::{Gateway, MODEL, expect_error};
 use crate::store::TestDb;
-use fleetgate::store::workbench::{Added, ItemChange, NewItem, NodeFlags, TreeNode, Versioned};
+use fleetgate::store::workbench::{
+    Added, ItemChange, NewItem, NewNode, NodeFlags, Page, TreeNode, Versioned,
+};
 use fleetgate::store::{LimitOverrides, Store, StoreError};
 
 /// The checkpoint lifetime the API reference promises.
 const SEVEN_DAYS: i64 = 7 * 24 * 3600;
 /// Some fixed moment, for the test clock.
 const T0: i64 = 1_800_000_000;
+/// No bound on a key's bytes (`abuse_storage` tests the bound).
+const NO_BOUND: i64 = i64::MAX;
+/// A first page long enough for every list here.
+const EVERY: Page = Page {
+    after: None,
+    limit: 100,
+};
 
 backend_tests! {
     store: [
@@ -55,6 +64,15 @@ fn run(title: &str, expires_at: Option<i64>) -> NewItem<'_> {
     }
 }
 
+/// A child of `parent_id` with `text` and no meta.
+pub(crate) fn child(parent_id: i64, text: &str) -> NewNode<'_> {
+    NewNode {
+        parent_id,
+        text,
+        meta: "{}",
+    }
+}
+
 fn root(text: &str) -> TreeNode<'_> {
     TreeNode {
         parent: None,
@@ -69,14 +87,22 @@ async fn checkpoints_expire_after_seven_days_and_saved_items_stay(store: Arc<dyn
     let key = key(store.as_ref()).await;
     let wb = store.workbench();
     let checkpoint = wb
-        .create_item(key, &run("unsaved", Some(T0 + SEVEN_DAYS)), T0)
+        .create_item(key, &run("unsaved", Some(T0 + SEVEN_DAYS)), NO_BOUND, T0)
         .await
         .unwrap();
     let rescued = wb
-        .create_item(key, &run("saved later", Some(T0 + SEVEN_DAYS)), T0)
+        .create_item(
+            key,
+            &run("saved later", Some(T0 + SEVEN_DAYS)),
+            NO_BOUND,
+            T0,
+        )
         .await
         .unwrap();
-    let saved = wb.create_item(key, &run("saved", None), T0).await.unwrap();
+    let saved = wb
+        .create_item(key, &run("saved", None), NO_BOUND, T0)
+        .await
+        .unwrap();
     let save = ItemChange {
         version: 1,
         title: None,
@@ -84,7 +110,7 @@ async fn checkpoints_expire_after_seven_days_and_saved_items_stay(store: Arc<dyn
         save: true,
     };
     let Versioned::Changed(rescued) = wb
-        .update_item(key, rescued.id, &save, T0 + SEVEN_DAYS - 10)
+        .update_item(key, rescued.id, &save, NO_BOUND, T0 + SEVEN_DAYS - 10)
         .await
         .unwrap()
     else {
@@ -100,13 +126,13 @@ async fn checkpoints_expire_after_seven_days_and_saved_items_stay(store: Arc<dyn
             .is_some()
     );
     assert_eq!(wb.sweep_checkpoints(just_before).await.unwrap(), 0);
-    assert_eq!(wb.items(key, just_before).await.unwrap().len(), 3);
+    assert_eq!(wb.items(key, just_before, &EVERY).await.unwrap().len(), 3);
 
     // From the seventh day on the checkpoint is gone, even before a sweep deletes it.
     let expired = T0 + SEVEN_DAYS;
     assert_eq!(wb.item(key, checkpoint.id, expired).await.unwrap(), None);
     let titles: Vec<String> = wb
-        .items(key, expired)
+        .items(key, expired, &EVERY)
         .await
         .unwrap()
         .into_iter()
@@ -120,7 +146,7 @@ async fn checkpoints_expire_after_seven_days_and_saved_items_stay(store: Arc<dyn
         save: true,
     };
     assert_eq!(
-        wb.update_item(key, checkpoint.id, &change, expired)
+        wb.update_item(key, checkpoint.id, &change, NO_BOUND, expired)
             .await
             .unwrap(),
         Versioned::Missing
@@ -137,15 +163,18 @@ async fn another_key_sees_nothing(store: Arc<dyn Store>) {
     let owner = key(store.as_ref()).await;
     let other = key(store.as_ref()).await;
     let wb = store.workbench();
-    let item = wb.create_item(owner, &run("mine", None), T0).await.unwrap();
+    let item = wb
+        .create_item(owner, &run("mine", None), NO_BOUND, T0)
+        .await
+        .unwrap();
     let (tree, nodes) = wb
-        .create_tree(owner, "my tree", &[root("It was")], T0)
+        .create_tree(owner, "my tree", &[root("It was")], NO_BOUND, T0)
         .await
         .unwrap();
     let root_id = nodes[0].id;
 
     assert_eq!(wb.item(other, item.id, T0).await.unwrap(), None);
-    assert!(wb.items(other, T0).await.unwrap().is_empty());
+    assert!(wb.items(other, T0, &EVERY).await.unwrap().is_empty());
     let change = ItemChange {
         version: 1,
         title: Some("theirs"),
@@ -153,14 +182,16 @@ async fn another_key_sees_nothing(store: Arc<dyn Store>) {
         save: false,
     };
     assert_eq!(
-        wb.update_item(other, item.id, &change, T0).await.unwrap(),
+        wb.update_item(other, item.id, &change, NO_BOUND, T0)
+            .await
+            .unwrap(),
         Versioned::Missing
     );
     assert!(!wb.delete_item(other, item.id, T0).await.unwrap());
     assert_eq!(wb.tree(other, tree.id).await.unwrap(), None);
-    assert!(wb.trees(other).await.unwrap().is_empty());
+    assert!(wb.trees(other, &EVERY).await.unwrap().is_empty());
     assert_eq!(
-        wb.add_node(other, tree.id, root_id, " a dark", "{}", T0)
+        wb.add_node(other, tree.id, &child(root_id, " a dark"), NO_BOUND, T0)
             .await
             .unwrap(),
         Added::NoTree
@@ -198,7 +229,10 @@ async fn another_key_sees_nothing(store: Arc<dyn Store>) {
 async fn a_change_from_a_stale_version_is_refused(store: Arc<dyn Store>) {
     let key = key(store.as_ref()).await;
     let wb = store.workbench();
-    let item = wb.create_item(key, &run("draft", None), T0).await.unwrap();
+    let item = wb
+        .create_item(key, &run("draft", None), NO_BOUND, T0)
+        .await
+        .unwrap();
     let from_v1 = |title| ItemChange {
         version: 1,
         title: Some(title),
@@ -206,7 +240,7 @@ async fn a_change_from_a_stale_version_is_refused(store: Arc<dyn Store>) {
         save: false,
     };
     let Versioned::Changed(first) = wb
-        .update_item(key, item.id, &from_v1("tab one"), T0 + 1)
+        .update_item(key, item.id, &from_v1("tab one"), NO_BOUND, T0 + 1)
         .await
         .unwrap()
     else {
@@ -214,7 +248,7 @@ async fn a_change_from_a_stale_version_is_refused(store: Arc<dyn Store>) {
     };
     assert_eq!(first.version, 2);
     assert_eq!(
-        wb.update_item(key, item.id, &from_v1("tab two"), T0 + 2)
+        wb.update_item(key, item.id, &from_v1("tab two"), NO_BOUND, T0 + 2)
             .await
             .unwrap(),
         Versioned::Stale { current: 2 }
@@ -224,7 +258,10 @@ async fn a_change_from_a_stale_version_is_refused(store: Arc<dyn Store>) {
         "tab one"
     );
 
-    let (tree, nodes) = wb.create_tree(key, "t", &[root("Root")], T0).await.unwrap();
+    let (tree, nodes) = wb
+        .create_tree(key, "t", &[root("Root")], NO_BOUND, T0)
+        .await
+        .unwrap();
     let node = nodes[0].id;
     let bookmark = NodeFlags {
         version: 1,
@@ -268,7 +305,7 @@ async fn two_tabs_adding_nodes_lose_none(store: Arc<dyn Store>) {
     let key = key(store.as_ref()).await;
     let wb = store.workbench();
     let (tree, nodes) = wb
-        .create_tree(key, "shared", &[root("Root")], T0)
+        .create_tree(key, "shared", &[root("Root")], NO_BOUND, T0)
         .await
         .unwrap();
     let parent = nodes[0].id;
@@ -279,7 +316,7 @@ async fn two_tabs_adding_nodes_lose_none(store: Arc<dyn Store>) {
                 let text = format!("{name} {i}");
                 let added = store
                     .workbench()
-                    .add_node(key, tree.id, parent, &text, "{}", T0)
+                    .add_node(key, tree.id, &child(parent, &text), NO_BOUND, T0)
                     .await
                     .unwrap();
                 assert!(matches!(added, Added::Node(_)), "{added:?}");
@@ -297,11 +334,11 @@ async fn two_tabs_adding_nodes_lose_none(store: Arc<dyn Store>) {
     }
     // A parent from another tree is refused.
     let (_, other_nodes) = wb
-        .create_tree(key, "other", &[root("Other")], T0)
+        .create_tree(key, "other", &[root("Other")], NO_BOUND, T0)
         .await
         .unwrap();
     assert_eq!(
-        wb.add_node(key, tree.id, other_nodes[0].id, "x", "{}", T0)
+        wb.add_node(key, tree.id, &child(other_nodes[0].id, "x"), NO_BOUND, T0)
             .await
             .unwrap(),
         Added::NoParent
@@ -335,7 +372,10 @@ async fn a_tree_keeps_its_shape_and_flags(store: Arc<dyn Store>) {
             pruned: false,
         },
     ];
-    let (tree, written) = wb.create_tree(key, "cats", &nodes, T0).await.unwrap();
+    let (tree, written) = wb
+        .create_tree(key, "cats", &nodes, NO_BOUND, T0)
+        .await
+        .unwrap();
     let (read_tree, read) = wb.tree(key, tree.id).await.unwrap().unwrap();
     assert_eq!(read_tree, tree);
     assert_eq!(read, written);
@@ -354,15 +394,16 @@ async fn a_tree_keeps_its_shape_and_flags(store: Arc<dyn Store>) {
         ..root("x")
     };
     assert!(matches!(
-        wb.create_tree(key, "bad", &[root("r"), orphan], T0).await,
+        wb.create_tree(key, "bad", &[root("r"), orphan], NO_BOUND, T0)
+            .await,
         Err(StoreError::Invalid(_))
     ));
     assert!(matches!(
-        wb.create_tree(key, "bad", &[], T0).await,
+        wb.create_tree(key, "bad", &[], NO_BOUND, T0).await,
         Err(StoreError::Invalid(_))
     ));
     assert_eq!(
-        wb.trees(key).await.unwrap().len(),
+        wb.trees(key, &EVERY).await.unwrap().len(),
         1,
         "nothing half-written"
     );
@@ -508,7 +549,7 @@ async fn another_key_gets_404_for_every_record_and_route() {
         let response = gw.workbench(Method::GET, &other, path, None).await;
         assert_eq!(response.status(), 200);
         let list: Value = response.json().await.unwrap();
-        assert_eq!(list, json!([]), "the other key lists no {what}");
+        assert_eq!(list["data"], json!([]), "the other key lists no {what}");
     }
     // Still all there for the owner.
     let view = gw
@@ -571,8 +612,7 @@ async fn an_exported_tree_imports_back_whole() {
         .await;
     assert_eq!(shape(&again), shape(&export));
     assert_eq!(
-        gw.workbench_json(Method::GET, "/trees", None, 200)
-            .await
+        gw.workbench_json(Method::GET, "/trees", None, 200).await["data"]
             .as_array()
             .unwrap()
             .len(),
@@ -591,8 +631,7 @@ async fn an_exported_tree_imports_back_whole() {
         expect_error(response, 400, "invalid_request").await;
     }
     assert_eq!(
-        gw.workbench_json(Method::GET, "/trees", None, 200)
-            .await
+        gw.workbench_json(Method::GET, "/trees", None, 200).await["data"]
             .as_array()
             .unwrap()
             .len(),
@@ -659,10 +698,13 @@ async fn a_checkpoint_lives_as_long_as_configured_and_a_saved_item_stays() {
         )
         .await;
     assert_eq!(saved["expires_at"], Value::Null);
-    let list = gw.workbench_json(Method::GET, "/items", None, 200).await;
+    let list = &gw.workbench_json(Method::GET, "/items", None, 200).await["data"];
     assert_eq!(list.as_array().unwrap().len(), 1);
     assert_eq!(list[0]["title"], "keep");
-    assert_eq!(list[0]["content"], json!({"prompt": "b"}));
+    let kept = gw
+        .workbench_json(Method::GET, &format!("/items/{}", list[0]["id"]), None, 200)
+        .await;
+    assert_eq!(kept["content"], json!({"prompt": "b"}));
 }
 
 #[tokio::test]
@@ -815,7 +857,7 @@ async fn the_sweeper_deletes_expired_checkpoints_and_keeps_saved_items() {
         assert_eq!(response.status(), 201);
     }
     // Read at time 0, every row is live: what is left is what the sweeper has not deleted.
-    let rows = || gw.state.store().workbench().items(key_id, 0);
+    let rows = || gw.state.store().workbench().items(key_id, 0, &EVERY);
     assert_eq!(
         rows().await.unwrap().len(),
         2,

@@ -120,7 +120,7 @@ struct JobPage<'a> {
     tag = "jobs",
     params(ListParams),
     responses(
-        (status = 200, description = "The calling key's jobs, newest first, a page at a time: `{\"object\":\"list\",\"data\":[job…],\"first_id\",\"last_id\",\"has_more\"}`; pass `last_id` as `after` for the next page.", body = crate::http::openapi::JobPageDoc),
+        (status = 200, description = "The calling key's jobs, newest first, a page at a time: `{\"object\":\"list\",\"data\":[job…],\"first_id\",\"last_id\",\"has_more\"}`; pass `last_id` as `after` for the next page. The jobs carry no `result` (harvest a job for it); a failed job's `error` is there.", body = crate::http::openapi::JobPageDoc),
         (status = 400, description = "`invalid_request`: an unknown parameter or status, or `limit` outside 1–100.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 401, description = "`invalid_api_key`.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 503, description = "`store_unavailable`. Carries `Retry-After`.", body = crate::http::openapi::ErrorEnvelopeDoc),

@@ -1,6 +1,7 @@
 //! The job object clients see: `GET /v1/harvest/{id}`, the answer to a submission, and
 //! the items of `GET /v1/harvest`. Its `result` is the exact body vLLM produced and its
-//! `error` the exact envelope a synchronous call would have got, embedded as they are;
+//! `error` the exact envelope a synchronous call would have got, embedded as they are
+//! (a list's rows carry no result: `JobStore::list` does not read it);
 //! a job cancelled or expired has an envelope saying so (`job_cancelled`,
 //! `job_expired`).
 

@@ -1,5 +1,6 @@
 //! How the Workbench API turns what the store says into answers: store failures and
-//! versioned outcomes as [`ApiError`]s, stored JSON text back as JSON, titles checked.
+//! versioned outcomes as [`ApiError`]s, stored JSON text back as JSON, titles checked,
+//! the key's byte bound.
 
 use axum::http::StatusCode;
 
@@ -12,10 +13,14 @@ use crate::store::workbench::{Versioned, WorkbenchStore};
 const TITLE_MAX_CHARS: usize = 200;
 
 /// The client-facing error for a store failure: a value the store refuses is the
-/// client's (400); anything else means the store cannot serve now (503).
+/// client's (400), as is a write over the key's bytes (413); anything else means the
+/// store cannot serve now (503).
 pub(super) fn store_error(err: StoreError) -> ApiError {
     match err {
         StoreError::Invalid(message) => ApiError::invalid(message),
+        StoreError::QuotaExceeded { bytes, limit } => {
+            ApiError::StorageQuotaExceeded { bytes, limit }
+        }
         err => ApiError::store_unavailable(&err, "a workbench request"),
     }
 }
@@ -23,6 +28,11 @@ pub(super) fn store_error(err: StoreError) -> ApiError {
 /// The key's workbench records.
 pub(super) fn store(state: &AppState) -> &dyn WorkbenchStore {
     state.store().workbench()
+}
+
+/// The bytes one key may keep (`workbench.max_bytes_per_key`, validated to fit).
+pub(super) fn max_bytes(state: &AppState) -> i64 {
+    i64::try_from(state.config().workbench.max_bytes_per_key).unwrap_or(i64::MAX)
 }
 
 /// 404 for the `what` (item, tree, node) with `id`: missing, or another key's.

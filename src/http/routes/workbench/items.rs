@@ -4,21 +4,22 @@
 
 use axum::Extension;
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::answer::{
-    JsonObject, checked_title, deleted, json_text, not_found, store, store_error, stored_json,
-    versioned,
+    JsonObject, checked_title, deleted, json_text, max_bytes, not_found, store, store_error,
+    stored_json, versioned,
 };
+use super::page::{ListPage, PageParams};
 use crate::error::ApiError;
 use crate::http::auth::Caller;
 use crate::http::body::JsonBody;
 use crate::state::AppState;
 use crate::store::now_unix;
-use crate::store::workbench::{ItemChange, ItemRecord, NewItem};
+use crate::store::workbench::{Cursor, ItemChange, ItemRecord, ItemSummary, NewItem};
 
 /// What an item holds.
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, ToSchema)]
@@ -100,9 +101,38 @@ impl From<ItemRecord> for ItemView {
     }
 }
 
+/// An item in a list: everything but its content (`GET /v1/workbench/items/{id}`).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ItemEntry {
+    id: i64,
+    kind: String,
+    title: String,
+    version: i64,
+    created_at: i64,
+    updated_at: i64,
+    /// Unix seconds when this checkpoint expires; `null` once saved.
+    expires_at: Option<i64>,
+}
+
+impl From<ItemSummary> for ItemEntry {
+    fn from(item: ItemSummary) -> Self {
+        Self {
+            id: item.id,
+            kind: item.kind,
+            title: item.title,
+            version: item.version,
+            created_at: item.created_at,
+            updated_at: item.updated_at,
+            expires_at: item.expires_at,
+        }
+    }
+}
+
 #[utoipa::path(get, path = "/v1/workbench/items", tag = "workbench",
+    params(PageParams),
     responses(
-        (status = 200, description = "The key's saved items and unexpired checkpoints, most recently changed first.", body = Vec<ItemView>),
+        (status = 200, description = "A page of the key's saved items and unexpired checkpoints, most recently changed first, without their content (fetch an item for it).", body = ListPage<ItemEntry>),
+        (status = 400, description = "`invalid_request`: `limit` outside 1–100, a `cursor` that is not a `next_cursor`, an unknown parameter.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 401, description = "`invalid_api_key`.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 429, description = "`rate_limited`: more requests per minute than the key's rate, which Workbench requests and completions count against alike.", body = crate::http::openapi::ErrorEnvelopeDoc,
             headers(("Retry-After" = u32, description = "Seconds to wait."))),
@@ -112,12 +142,18 @@ impl From<ItemRecord> for ItemView {
 pub async fn list_items(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-) -> Result<Json<Vec<ItemView>>, ApiError> {
+    Query(params): Query<PageParams>,
+) -> Result<Json<ListPage<ItemEntry>>, ApiError> {
+    let paging = params.paging()?;
     let items = store(&state)
-        .items(caller.0.id, now_unix())
+        .items(caller.0.id, now_unix(), &paging.query)
         .await
         .map_err(store_error)?;
-    Ok(Json(items.into_iter().map(ItemView::from).collect()))
+    let place = |item: &ItemSummary| Cursor {
+        updated_at: item.updated_at,
+        id: item.id,
+    };
+    Ok(Json(paging.answer(items, place, ItemEntry::from)))
 }
 
 #[utoipa::path(post, path = "/v1/workbench/items", tag = "workbench", request_body = NewItemRequest,
@@ -126,7 +162,7 @@ pub async fn list_items(
         (status = 400, description = "`invalid_request`: bad JSON, an unknown field, a title over 200 characters.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 401, description = "`invalid_api_key`.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 408, description = "`request_timeout`: the body did not arrive within `connections.body_read_timeout_ms` of its headers.", body = crate::http::openapi::ErrorEnvelopeDoc),
-        (status = 413, description = "`request_too_large`: the body is over 2 MiB (or `max_body_bytes` if that is less). Carries `X-Should-Retry: false`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 413, description = "`request_too_large`: the body is over 2 MiB (or `max_body_bytes` if that is less); `storage_quota_exceeded`: the key would keep more than `workbench.max_bytes_per_key`, and nothing was written. Carries `X-Should-Retry: false`.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 429, description = "`rate_limited`: more requests per minute than the key's rate, which Workbench requests and completions count against alike.", body = crate::http::openapi::ErrorEnvelopeDoc,
             headers(("Retry-After" = u32, description = "Seconds to wait."))),
         (status = 503, description = "`store_unavailable`.", body = crate::http::openapi::ErrorEnvelopeDoc),
@@ -147,7 +183,7 @@ pub async fn create_item(
         expires_at: request.checkpoint.then(|| now.saturating_add(ttl)),
     };
     let created = store(&state)
-        .create_item(caller.0.id, &item, now)
+        .create_item(caller.0.id, &item, max_bytes(&state), now)
         .await
         .map_err(store_error)?;
     Ok((StatusCode::CREATED, Json(created.into())))
@@ -190,6 +226,7 @@ pub async fn get_item(
         (status = 408, description = "`request_timeout`: the body did not arrive within `connections.body_read_timeout_ms` of its headers.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 413, description = "`request_too_large`: the body is over 2 MiB (or `max_body_bytes` if that is less). Carries `X-Should-Retry: false`.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 409, description = "`version_conflict`: the item was changed since `version` (in another tab); nothing was changed.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 413, description = "`storage_quota_exceeded`: a new title or content would leave the key keeping more than `workbench.max_bytes_per_key`; nothing was changed. `X-Should-Retry: false`.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 503, description = "`store_unavailable`.", body = crate::http::openapi::ErrorEnvelopeDoc),
     ),
     security(("bearer" = [])))]
@@ -207,7 +244,7 @@ pub async fn update_item(
         save: patch.saved,
     };
     let outcome = store(&state)
-        .update_item(caller.0.id, id, &change, now_unix())
+        .update_item(caller.0.id, id, &change, max_bytes(&state), now_unix())
         .await
         .map_err(store_error)?;
     versioned(outcome, "item", id, patch.version).map(|item| Json(item.into()))

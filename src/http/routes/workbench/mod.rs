@@ -1,7 +1,8 @@
 //! The Workbench and Loom: two pages fleetgate serves itself (`GET /workbench`,
 //! `GET /loom`, every asset embedded in the binary) and the key-protected API behind
 //! them under `/v1/workbench/…`, which keeps each key's saved prompts, runs and Loom
-//! trees in the store (`store::workbench`).
+//! trees in the store (`store::workbench`), up to `workbench.max_bytes_per_key` a key;
+//! its lists come a page at a time (`page`) and carry no content.
 //!
 //! Every `/v1/workbench` request counts against the key's rate as a completion does
 //! (`rate`).
@@ -12,6 +13,7 @@
 
 mod answer;
 pub mod items;
+pub mod page;
 pub mod pages;
 pub mod rate;
 pub mod trees;

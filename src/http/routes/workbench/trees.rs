@@ -1,27 +1,32 @@
 //! `/v1/workbench/trees`: Loom's trees of continuations. Nodes are only ever added
 //! (an edited text is a new sibling), so two tabs growing one tree never lose a node;
 //! a node's flags (bookmarked, pruned) and a tree's title change with optimistic
-//! versions. A tree exports to JSON and imports back as a new tree.
+//! versions. A tree exports to JSON and imports back as a new tree: at most
+//! `workbench.max_import_nodes` nodes, written in batches (see
+//! `WorkbenchStore::create_tree`).
 
 use std::collections::HashMap;
 
 use axum::Extension;
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::answer::{
-    JsonObject, checked_title, deleted, json_text, not_found, store, store_error, stored_json,
-    stored_object, versioned,
+    JsonObject, checked_title, deleted, json_text, max_bytes, not_found, store, store_error,
+    stored_json, stored_object, versioned,
 };
+use super::page::{ListPage, PageParams};
 use crate::error::ApiError;
 use crate::http::auth::Caller;
 use crate::http::body::JsonBody;
 use crate::state::AppState;
 use crate::store::now_unix;
-use crate::store::workbench::{Added, NodeFlags, NodeRecord, TreeNode, TreeRecord};
+use crate::store::workbench::{
+    Added, Cursor, NewNode, NodeFlags, NodeRecord, ROW_BYTES, TreeNode, TreeRecord,
+};
 
 /// The `format` of an exported tree.
 const EXPORT_FORMAT: &str = "fleetgate-loom/1";
@@ -155,8 +160,10 @@ pub struct ExportNode {
 }
 
 #[utoipa::path(get, path = "/v1/workbench/trees", tag = "workbench",
+    params(PageParams),
     responses(
-        (status = 200, description = "The key's trees, most recently changed first.", body = Vec<TreeSummary>),
+        (status = 200, description = "A page of the key's trees, most recently changed first, without their nodes (fetch a tree for them).", body = ListPage<TreeSummary>),
+        (status = 400, description = "`invalid_request`: `limit` outside 1–100, a `cursor` that is not a `next_cursor`, an unknown parameter.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 401, description = "`invalid_api_key`.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 429, description = "`rate_limited`: more requests per minute than the key's rate, which Workbench requests and completions count against alike.", body = crate::http::openapi::ErrorEnvelopeDoc,
             headers(("Retry-After" = u32, description = "Seconds to wait."))),
@@ -166,12 +173,18 @@ pub struct ExportNode {
 pub async fn list_trees(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-) -> Result<Json<Vec<TreeSummary>>, ApiError> {
+    Query(params): Query<PageParams>,
+) -> Result<Json<ListPage<TreeSummary>>, ApiError> {
+    let paging = params.paging()?;
     let trees = store(&state)
-        .trees(caller.0.id)
+        .trees(caller.0.id, &paging.query)
         .await
         .map_err(store_error)?;
-    Ok(Json(trees.into_iter().map(TreeSummary::from).collect()))
+    let place = |tree: &TreeRecord| Cursor {
+        updated_at: tree.updated_at,
+        id: tree.id,
+    };
+    Ok(Json(paging.answer(trees, place, TreeSummary::from)))
 }
 
 /// The tree and its nodes as the API shows them.
@@ -188,7 +201,7 @@ fn view(tree: TreeRecord, nodes: Vec<NodeRecord>) -> TreeView {
         (status = 400, description = "`invalid_request`.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 401, description = "`invalid_api_key`.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 408, description = "`request_timeout`: the body did not arrive within `connections.body_read_timeout_ms` of its headers.", body = crate::http::openapi::ErrorEnvelopeDoc),
-        (status = 413, description = "`request_too_large`: the body is over 2 MiB (or `max_body_bytes` if that is less). Carries `X-Should-Retry: false`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 413, description = "`request_too_large`: the body is over 2 MiB (or `max_body_bytes` if that is less); `storage_quota_exceeded`: the key would keep more than `workbench.max_bytes_per_key`, and nothing was written. Carries `X-Should-Retry: false`.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 429, description = "`rate_limited`: more requests per minute than the key's rate, which Workbench requests and completions count against alike.", body = crate::http::openapi::ErrorEnvelopeDoc,
             headers(("Retry-After" = u32, description = "Seconds to wait."))),
         (status = 503, description = "`store_unavailable`.", body = crate::http::openapi::ErrorEnvelopeDoc),
@@ -211,6 +224,7 @@ pub async fn create_tree(
             caller.0.id,
             checked_title(&request.title)?,
             &[root],
+            max_bytes(&state),
             now_unix(),
         )
         .await
@@ -220,11 +234,11 @@ pub async fn create_tree(
 
 #[utoipa::path(post, path = "/v1/workbench/trees/import", tag = "workbench", request_body = TreeExport,
     responses(
-        (status = 201, description = "The imported tree, a new one with new ids.", body = TreeView),
+        (status = 201, description = "The imported tree, a new one with new ids. Written in batches: until the import is answered, the tree shows part of its nodes; if it fails, it is deleted again.", body = TreeView),
         (status = 400, description = "`invalid_request`: not an export (`format` other than `fleetgate-loom/1`, an unknown field), no root, a node whose parent is not an earlier node.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 401, description = "`invalid_api_key`.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 408, description = "`request_timeout`: the body did not arrive within `connections.body_read_timeout_ms` of its headers.", body = crate::http::openapi::ErrorEnvelopeDoc),
-        (status = 413, description = "`request_too_large`: the body is over 2 MiB (or `max_body_bytes` if that is less). Carries `X-Should-Retry: false`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 413, description = "`request_too_large`: the body is over 2 MiB (or `max_body_bytes` if that is less), or has more than `workbench.max_import_nodes` nodes; `storage_quota_exceeded`: the key would keep more than `workbench.max_bytes_per_key`. Nothing was written either way. Carries `X-Should-Retry: false`.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 429, description = "`rate_limited`: more requests per minute than the key's rate, which Workbench requests and completions count against alike.", body = crate::http::openapi::ErrorEnvelopeDoc,
             headers(("Retry-After" = u32, description = "Seconds to wait."))),
         (status = 503, description = "`store_unavailable`.", body = crate::http::openapi::ErrorEnvelopeDoc),
@@ -240,6 +254,13 @@ pub async fn import_tree(
             "format",
             format!("format must be '{EXPORT_FORMAT}' (got '{}')", export.format),
         ));
+    }
+    let most = state.config().workbench.max_import_nodes;
+    if export.nodes.len() > most as usize {
+        return Err(ApiError::ImportTooLarge {
+            nodes: export.nodes.len(),
+            limit: most,
+        });
     }
     let metas: Vec<String> = export.nodes.iter().map(|n| json_text(&n.meta)).collect();
     let mut positions = HashMap::with_capacity(export.nodes.len());
@@ -271,16 +292,33 @@ pub async fn import_tree(
             pruned: node.pruned,
         });
     }
+    let title = checked_title(&export.title)?;
+    // Refused before the first batch when it cannot fit (each batch checks again, for
+    // the key's writes meanwhile).
+    let limit = max_bytes(&state);
+    let stored = store(&state)
+        .stored_bytes(caller.0.id)
+        .await
+        .map_err(store_error)?;
+    let tree_bytes = ROW_BYTES.saturating_add(len(title));
+    let bytes = nodes
+        .iter()
+        .fold(stored.saturating_add(tree_bytes), |sum, node| {
+            sum.saturating_add(ROW_BYTES + len(node.text) + len(node.meta))
+        });
+    if bytes > limit {
+        return Err(ApiError::StorageQuotaExceeded { bytes, limit });
+    }
     let (tree, nodes) = store(&state)
-        .create_tree(
-            caller.0.id,
-            checked_title(&export.title)?,
-            &nodes,
-            now_unix(),
-        )
+        .create_tree(caller.0.id, title, &nodes, limit, now_unix())
         .await
         .map_err(store_error)?;
     Ok((StatusCode::CREATED, Json(view(tree, nodes))))
+}
+
+/// The bytes of a text, as the store counts them.
+fn len(text: &str) -> i64 {
+    i64::try_from(text.len()).unwrap_or(i64::MAX)
 }
 
 #[utoipa::path(get, path = "/v1/workbench/trees/{id}", tag = "workbench",
@@ -415,7 +453,7 @@ pub async fn delete_tree(
             headers(("Retry-After" = u32, description = "Seconds to wait."))),
         (status = 404, description = "`not_found`: no such tree for this key.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 408, description = "`request_timeout`: the body did not arrive within `connections.body_read_timeout_ms` of its headers.", body = crate::http::openapi::ErrorEnvelopeDoc),
-        (status = 413, description = "`request_too_large`: the body is over 2 MiB (or `max_body_bytes` if that is less). Carries `X-Should-Retry: false`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 413, description = "`request_too_large`: the body is over 2 MiB (or `max_body_bytes` if that is less); `storage_quota_exceeded`: the key would keep more than `workbench.max_bytes_per_key`, and nothing was written. Carries `X-Should-Retry: false`.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 503, description = "`store_unavailable`.", body = crate::http::openapi::ErrorEnvelopeDoc),
     ),
     security(("bearer" = [])))]
@@ -430,9 +468,12 @@ pub async fn add_node(
         .add_node(
             caller.0.id,
             id,
-            request.parent_id,
-            &request.text,
-            &meta,
+            &NewNode {
+                parent_id: request.parent_id,
+                text: &request.text,
+                meta: &meta,
+            },
+            max_bytes(&state),
             now_unix(),
         )
         .await

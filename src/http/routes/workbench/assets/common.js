@@ -62,6 +62,20 @@ const FG = (() => {
     return response.status === 204 ? null : response.json();
   }
 
+  /** Every entry of a paged list (`/v1/workbench/items`, `/trees`): metadata only, a
+   *  page of 100 at a time, following `next_cursor` to the end. */
+  async function listAll(path) {
+    const entries = [];
+    let cursor = null;
+    do {
+      const query = cursor === null ? "?limit=100" : `?limit=100&cursor=${encodeURIComponent(cursor)}`;
+      const page = await api("GET", path + query);
+      entries.push(...page.data);
+      cursor = page.next_cursor;
+    } while (cursor !== null);
+    return entries;
+  }
+
   /** Signs in: keeps the key when fleetgate accepts it. */
   async function signIn(secret) {
     sessionStorage.setItem(KEY, secret);
@@ -320,5 +334,5 @@ const FG = (() => {
     return { tokens: tokens.slice(0, -1), usage: body.usage };
   }
 
-  return { ApiError, api, complete, knob, scorePrompt, tokenSpan, errorBox, legend, fillModels, frame, refreshBudget, el, tokensOf, hidePopover };
+  return { ApiError, api, listAll, complete, knob, scorePrompt, tokenSpan, errorBox, legend, fillModels, frame, refreshBudget, el, tokensOf, hidePopover };
 })();

@@ -344,7 +344,7 @@
   }
 
   async function listTrees(selected) {
-    const trees = await FG.api("GET", "/v1/workbench/trees");
+    const trees = await FG.listAll("/v1/workbench/trees");
     $("tree-select").replaceChildren(...trees.map((t) => el("option", { value: t.id, text: t.title || "(untitled)" })));
     const wanted = trees.find((t) => t.id === selected) || trees[0];
     if (wanted) {

@@ -149,7 +149,7 @@
   }
 
   async function listSaved() {
-    const items = await FG.api("GET", "/v1/workbench/items");
+    const items = await FG.listAll("/v1/workbench/items");
     $("saved").replaceChildren(...items.map((item) => {
       const tag = item.expires_at === null ? item.kind : `checkpoint · ${daysLeft(item.expires_at)}`;
       const remove = el("button", { class: "remove", title: "Delete", "aria-label": "Delete " + item.title, text: "×", onclick: (event) => {
@@ -177,8 +177,16 @@
     return `${days} d left`;
   }
 
-  function open(item) {
+  /** Opens a listed item: a list carries no content, so it is fetched here. */
+  async function open(entry) {
     showProblem(null);
+    let item;
+    try {
+      item = await FG.api("GET", `/v1/workbench/items/${entry.id}`);
+    } catch (err) {
+      showProblem(err);
+      return;
+    }
     $("prompt").value = item.content.prompt || "";
     $("title").value = item.title;
     applySettings(item.content.settings || {});
