@@ -140,40 +140,6 @@ const BOUND: &str = "[workbench]\nmax_bytes_per_key = 65536\nmax_import_nodes = 
 /// Bounds everything a test waits for.
 const WAIT: Duration = Duration::from_secs(30);
 
-/// A request to the Workbench API as `key`, with a JSON body when one is given.
-async fn workbench(
-    gw: &Gateway,
-    method: Method,
-    key: &str,
-    path: &str,
-    body: Option<Value>,
-) -> reqwest::Response {
-    let request = gw
-        .client
-        .request(method, format!("{}/v1/workbench{path}", gw.url))
-        .bearer_auth(key);
-    match body {
-        Some(body) => request.json(&body),
-        None => request,
-    }
-    .send()
-    .await
-    .unwrap()
-}
-
-/// The JSON answer with `status` to a request as the test key.
-async fn workbench_json(
-    gw: &Gateway,
-    method: Method,
-    path: &str,
-    body: Option<Value>,
-    status: u16,
-) -> Value {
-    let response = workbench(gw, method, &gw.key, path, body).await;
-    assert_eq!(response.status().as_u16(), status, "{path}");
-    response.json().await.unwrap()
-}
-
 /// A run item holding `bytes` bytes of prompt.
 fn run_of(bytes: usize) -> Value {
     json!({"kind": "run", "title": "big", "content": {"prompt": "x".repeat(bytes)}})
@@ -196,7 +162,7 @@ async fn every_page(gw: &Gateway, path: &str, limit: u32) -> Vec<Value> {
             Some(cursor) => format!("{path}?limit={limit}&cursor={cursor}"),
             None => format!("{path}?limit={limit}"),
         };
-        let page = workbench_json(gw, Method::GET, &query, None, 200).await;
+        let page = gw.workbench_json(Method::GET, &query, None, 200).await;
         let data = page["data"].as_array().expect("a page: {page}").clone();
         assert!(data.len() <= limit as usize, "{page}");
         entries.extend(data);
@@ -215,7 +181,9 @@ async fn workbench_items_stop_at_the_keys_byte_bound() {
     let gw = Gateway::start_with(Default::default(), BOUND).await;
     let mut stored = 0;
     let refused = loop {
-        let response = workbench(&gw, Method::POST, &gw.key, "/items", Some(run_of(10_000))).await;
+        let response = gw
+            .workbench(Method::POST, &gw.key, "/items", Some(run_of(10_000)))
+            .await;
         if response.status() != 201 {
             break response;
         }
@@ -235,65 +203,64 @@ async fn workbench_items_stop_at_the_keys_byte_bound() {
     // Growing an item over the bound is refused too, and leaves it as it was.
     let first = every_page(&gw, "/items", 100).await[0].clone();
     let grow = json!({"version": first["version"], "content": {"prompt": "x".repeat(20_000)}});
-    let response = workbench(
-        &gw,
-        Method::PATCH,
-        &gw.key,
-        &format!("/items/{}", first["id"]),
-        Some(grow),
-    )
-    .await;
+    let response = gw
+        .workbench(
+            Method::PATCH,
+            &gw.key,
+            &format!("/items/{}", first["id"]),
+            Some(grow),
+        )
+        .await;
     expect_error(response, 413, "storage_quota_exceeded").await;
-    let kept = workbench_json(
-        &gw,
-        Method::GET,
-        &format!("/items/{}", first["id"]),
-        None,
-        200,
-    )
-    .await;
+    let kept = gw
+        .workbench_json(Method::GET, &format!("/items/{}", first["id"]), None, 200)
+        .await;
     assert_eq!(kept["version"], first["version"]);
     // Another key is not affected, and deleting frees the room.
     let (_, other) = gw.create_key(Default::default()).await;
-    let response = workbench(&gw, Method::POST, &other, "/items", Some(run_of(10_000))).await;
+    let response = gw
+        .workbench(Method::POST, &other, "/items", Some(run_of(10_000)))
+        .await;
     assert_eq!(response.status(), 201);
-    let response = workbench(
-        &gw,
-        Method::DELETE,
-        &gw.key,
-        &format!("/items/{}", first["id"]),
-        None,
-    )
-    .await;
+    let response = gw
+        .workbench(
+            Method::DELETE,
+            &gw.key,
+            &format!("/items/{}", first["id"]),
+            None,
+        )
+        .await;
     assert_eq!(response.status(), 204);
-    let response = workbench(&gw, Method::POST, &gw.key, "/items", Some(run_of(10_000))).await;
+    let response = gw
+        .workbench(Method::POST, &gw.key, "/items", Some(run_of(10_000)))
+        .await;
     assert_eq!(response.status(), 201);
 }
 
 #[tokio::test]
 async fn loom_nodes_count_against_the_same_bound() {
     let gw = Gateway::start_with(Default::default(), BOUND).await;
-    let tree = workbench_json(
-        &gw,
-        Method::POST,
-        "/trees",
-        Some(json!({"title": "t", "root_text": "Once"})),
-        201,
-    )
-    .await;
+    let tree = gw
+        .workbench_json(
+            Method::POST,
+            "/trees",
+            Some(json!({"title": "t", "root_text": "Once"})),
+            201,
+        )
+        .await;
     let id = tree["tree"]["id"].as_i64().unwrap();
     let root = tree["nodes"][0]["id"].as_i64().unwrap();
     let mut added = 0;
     let refused = loop {
         let node = json!({"parent_id": root, "text": "y".repeat(10_000)});
-        let response = workbench(
-            &gw,
-            Method::POST,
-            &gw.key,
-            &format!("/trees/{id}/nodes"),
-            Some(node),
-        )
-        .await;
+        let response = gw
+            .workbench(
+                Method::POST,
+                &gw.key,
+                &format!("/trees/{id}/nodes"),
+                Some(node),
+            )
+            .await;
         if response.status() != 201 {
             break response;
         }
@@ -304,12 +271,18 @@ async fn loom_nodes_count_against_the_same_bound() {
         );
     };
     expect_error(refused, 413, "storage_quota_exceeded").await;
-    let tree = workbench_json(&gw, Method::GET, &format!("/trees/{id}"), None, 200).await;
+    let tree = gw
+        .workbench_json(Method::GET, &format!("/trees/{id}"), None, 200)
+        .await;
     assert_eq!(tree["nodes"].as_array().unwrap().len(), added + 1);
     // Deleting the tree frees what its nodes took.
-    let response = workbench(&gw, Method::DELETE, &gw.key, &format!("/trees/{id}"), None).await;
+    let response = gw
+        .workbench(Method::DELETE, &gw.key, &format!("/trees/{id}"), None)
+        .await;
     assert_eq!(response.status(), 204);
-    let response = workbench(&gw, Method::POST, &gw.key, "/items", Some(run_of(60_000))).await;
+    let response = gw
+        .workbench(Method::POST, &gw.key, "/items", Some(run_of(60_000)))
+        .await;
     assert_eq!(response.status(), 201);
 }
 
@@ -317,35 +290,30 @@ async fn loom_nodes_count_against_the_same_bound() {
 async fn a_tree_import_over_its_bounds_writes_nothing() {
     let gw = Gateway::start_with(Default::default(), BOUND).await;
     // Over `max_import_nodes`.
-    let response = workbench(
-        &gw,
-        Method::POST,
-        &gw.key,
-        "/trees/import",
-        Some(chain(101, "a")),
-    )
-    .await;
+    let response = gw
+        .workbench(
+            Method::POST,
+            &gw.key,
+            "/trees/import",
+            Some(chain(101, "a")),
+        )
+        .await;
     expect_error(response, 413, "request_too_large").await;
     // Within the node bound, over the key's bytes.
-    let response = workbench(
-        &gw,
-        Method::POST,
-        &gw.key,
-        "/trees/import",
-        Some(chain(50, &"b".repeat(2_000))),
-    )
-    .await;
+    let response = gw
+        .workbench(
+            Method::POST,
+            &gw.key,
+            "/trees/import",
+            Some(chain(50, &"b".repeat(2_000))),
+        )
+        .await;
     expect_error(response, 413, "storage_quota_exceeded").await;
     assert!(every_page(&gw, "/trees", 100).await.is_empty());
     // Within both: written whole.
-    let tree = workbench_json(
-        &gw,
-        Method::POST,
-        "/trees/import",
-        Some(chain(100, "c")),
-        201,
-    )
-    .await;
+    let tree = gw
+        .workbench_json(Method::POST, "/trees/import", Some(chain(100, "c")), 201)
+        .await;
     assert_eq!(tree["nodes"].as_array().unwrap().len(), 100);
 }
 
@@ -354,11 +322,15 @@ async fn workbench_lists_are_paged_and_carry_no_content() {
     let gw = Gateway::start().await;
     for i in 0..5 {
         let item = json!({"kind": "prompt", "title": format!("p{i}"), "content": {"prompt": "secret text"}});
-        workbench_json(&gw, Method::POST, "/items", Some(item), 201).await;
+        gw.workbench_json(Method::POST, "/items", Some(item), 201)
+            .await;
         let tree = json!({"title": format!("t{i}"), "root_text": "Once"});
-        workbench_json(&gw, Method::POST, "/trees", Some(tree), 201).await;
+        gw.workbench_json(Method::POST, "/trees", Some(tree), 201)
+            .await;
     }
-    let first = workbench_json(&gw, Method::GET, "/items?limit=2", None, 200).await;
+    let first = gw
+        .workbench_json(Method::GET, "/items?limit=2", None, 200)
+        .await;
     assert_eq!(first["object"], "list", "{first}");
     assert_eq!(first["data"].as_array().unwrap().len(), 2);
     assert_eq!(first["has_more"], true);
@@ -374,14 +346,14 @@ async fn workbench_lists_are_paged_and_carry_no_content() {
         "a list carries no content: {items:?}"
     );
     // Content is fetched per item.
-    let one = workbench_json(
-        &gw,
-        Method::GET,
-        &format!("/items/{}", items[0]["id"]),
-        None,
-        200,
-    )
-    .await;
+    let one = gw
+        .workbench_json(
+            Method::GET,
+            &format!("/items/{}", items[0]["id"]),
+            None,
+            200,
+        )
+        .await;
     assert_eq!(one["content"]["prompt"], "secret text");
     let trees = every_page(&gw, "/trees", 2).await;
     let titles: Vec<&str> = trees.iter().map(|t| t["title"].as_str().unwrap()).collect();
@@ -391,7 +363,7 @@ async fn workbench_lists_are_paged_and_carry_no_content() {
         "/items?limit=101",
         "/trees?cursor=nonsense",
     ] {
-        let response = workbench(&gw, Method::GET, &gw.key, bad, None).await;
+        let response = gw.workbench(Method::GET, &gw.key, bad, None).await;
         expect_error(response, 400, "invalid_request").await;
     }
 }
@@ -510,17 +482,12 @@ async fn another_keys_write_goes_through_while_a_large_import_is_written() {
     // Watch the tree appear: written in batches, it shows part of its nodes first.
     let partial = tokio::time::timeout(WAIT, async {
         loop {
-            let trees = workbench_json(&gw, Method::GET, "/trees", None, 200).await;
+            let trees = gw.workbench_json(Method::GET, "/trees", None, 200).await;
             let listed = trees.get("data").unwrap_or(&trees);
             if let Some(tree) = listed.as_array().and_then(|t| t.first()) {
-                let tree = workbench_json(
-                    &gw,
-                    Method::GET,
-                    &format!("/trees/{}", tree["id"]),
-                    None,
-                    200,
-                )
-                .await;
+                let tree = gw
+                    .workbench_json(Method::GET, &format!("/trees/{}", tree["id"]), None, 200)
+                    .await;
                 break tree["nodes"].as_array().unwrap().len();
             }
             tokio::task::yield_now().await;
@@ -533,7 +500,9 @@ async fn another_keys_write_goes_through_while_a_large_import_is_written() {
         "the import was written in one transaction: its tree first showed up whole"
     );
     // Meanwhile another key writes, and is not kept waiting for the whole import.
-    let response = workbench(&gw, Method::POST, &other, "/items", Some(run_of(100))).await;
+    let response = gw
+        .workbench(Method::POST, &other, "/items", Some(run_of(100)))
+        .await;
     assert_eq!(response.status(), 201);
     assert!(
         !import.is_finished(),

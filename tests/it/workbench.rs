@@ -418,7 +418,7 @@ async fn a_tree_keeps_its_shape_and_flags(store: Arc<dyn Store>) {
 impl Gateway {
     /// The answer to a request to the Workbench API as `key`, with a JSON body when one
     /// is given.
-    async fn workbench(
+    pub(crate) async fn workbench(
         &self,
         method: reqwest::Method,
         key: &str,
@@ -439,7 +439,7 @@ impl Gateway {
     }
 
     /// The JSON of a Workbench API answer with `status`.
-    async fn workbench_json(
+    pub(crate) async fn workbench_json(
         &self,
         method: reqwest::Method,
         path: &str,
