@@ -87,7 +87,7 @@ VOLUME ["/var/lib/fleetgate"]
 ENV FLEETGATE_CONFIG=/etc/fleetgate/fleetgate.toml
 # 8080: the API (`listen`). 9090: `ops_listen`, only /metrics, /health, /ready and
 # /live, for the scraper and the probes.
-EXPOSE 8080 9090
+EXPOSE 8080 9090 9091
 # The image has no curl or wget, and fleetgate no probe subcommand: bash (in every
 # Debian image) speaks HTTP over /dev/tcp. Healthy while GET /ready on the ops port
 # answers 200: 503 while the store or Redis does not answer or shutdown has begun

@@ -158,11 +158,17 @@ pub async fn serve(
     let draining = state.draining().clone();
     let request_log = state.request_log().clone();
     let ledger = state.ledger().clone();
-    let stop_ops = tokio_util::sync::CancellationToken::new();
-    let ops = match state.config().ops_listen {
-        Some(address) => Some(serve_ops(&state, address, stop_ops.clone()).await?),
-        None => None,
-    };
+    // The listeners beside the API's: ops (scrapes and probes) and admin.
+    let stop_beside = tokio_util::sync::CancellationToken::new();
+    let mut beside = Vec::new();
+    if let Some(address) = state.config().ops_listen {
+        let router = crate::http::router::build_ops_router(state.clone());
+        beside.push(serve_beside(&state, "ops", address, router, stop_beside.clone()).await?);
+    }
+    if let Some(address) = state.config().admin_listen {
+        let router = crate::http::router::build_admin_router(state.clone());
+        beside.push(serve_beside(&state, "admin", address, router, stop_beside.clone()).await?);
+    }
     let connections = state.config().connections.clone();
     let metrics = state.metrics().clone();
     let workers = Workers::start(state.clone());
@@ -233,14 +239,14 @@ pub async fn serve(
     }
     stop_following.cancel();
     let _ = keys.await;
-    if let Some(mut ops) = ops {
-        // Its connections close as the API's do; one that will not is cut.
-        stop_ops.cancel();
-        if tokio::time::timeout(DRAIN_CUT_WAIT, &mut ops)
+    // Their connections close as the API's do; one that will not is cut.
+    stop_beside.cancel();
+    for mut listener in beside {
+        if tokio::time::timeout(DRAIN_CUT_WAIT, &mut listener)
             .await
             .is_err()
         {
-            ops.abort();
+            listener.abort();
         }
     }
     // Settlements of the last requests (ledger rows, released slots); bounded, so that
@@ -272,26 +278,32 @@ pub async fn serve(
     Ok(())
 }
 
-/// Serves the ops routes (`/metrics`, `/health`, `/ready`, `/live`) on the ops listener
-/// until `stop` is cancelled: with the API listener's time-outs, and a cap of its own
-/// (`connections.ops_max_open`), so that connections held open there cannot take the
-/// file descriptors the API's need, nor the other way round.
-async fn serve_ops(
+/// Serves `router` on a listener beside the API's (`what`: "ops", `ops_listen`, for
+/// `/metrics`, `/health`, `/ready` and `/live`; "admin", `admin_listen`, for the admin
+/// API) until `stop` is cancelled: with the API listener's time-outs, and a cap of its
+/// own (`connections.ops_max_open`), so that connections held open there cannot take
+/// the file descriptors the API's need, nor the other way round.
+async fn serve_beside(
     state: &AppState,
+    what: &'static str,
     address: std::net::SocketAddr,
+    router: axum::Router,
     stop: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let listener = TcpListener::bind(address)
         .await
-        .with_context(|| format!("cannot listen on {address} (ops_listen)"))?;
-    tracing::info!(address = %listener.local_addr()?, "fleetgate ops listening");
-    let router = crate::http::router::build_ops_router(state.clone());
+        .with_context(|| format!("cannot listen on {address} ({what}_listen)"))?;
+    let address = listener.local_addr()?;
+    match what {
+        "admin" => tracing::info!(%address, "fleetgate admin listening"),
+        _ => tracing::info!(%address, "fleetgate ops listening"),
+    }
     let settings = state.config().connections.clone();
     let metrics = state.metrics().clone();
-    // Scrapes and probes are few and answered at once: the shared runtime serves them,
-    // not the connection threads.
-    let lanes =
-        crate::http::connections::Lanes::start(0).context("cannot start the ops listener")?;
+    // Scrapes, probes and admin calls are few and answered at once: the shared runtime
+    // serves them, not the connection threads.
+    let lanes = crate::http::connections::Lanes::start(0)
+        .with_context(|| format!("cannot start the {what} listener"))?;
     Ok(tokio::spawn(async move {
         crate::http::connections::serve(
             listener,

@@ -21,6 +21,11 @@ pub struct Config {
     /// internal interface for the scraper (both stay on `listen` too).
     #[serde(default)]
     pub ops_listen: Option<SocketAddr>,
+    /// Serves the admin API (`/admin/…`) on this address instead of `listen`, e.g. on a
+    /// private interface: a leaked or guessed admin token is then of no use from where
+    /// the clients are. Unset: on `listen`, beside the API.
+    #[serde(default)]
+    pub admin_listen: Option<SocketAddr>,
     /// `sqlite://path/file.db` (created if missing) or `postgres://user@host/db`. A
     /// relative SQLite path is relative to the config file's directory, not to where
     /// the command runs, so `serve` and `keys` always open the same file.

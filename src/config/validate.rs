@@ -53,6 +53,14 @@ impl Config {
         if self.max_body_bytes == 0 {
             return Err("max_body_bytes must be at least 1".into());
         }
+        if let Some(admin) = self.admin_listen {
+            let taken = [Some(self.listen), self.ops_listen];
+            if admin.port() != 0 && taken.contains(&Some(admin)) {
+                return Err(format!(
+                    "admin_listen ({admin}) must be an address of its own, not listen's or ops_listen's"
+                ));
+            }
+        }
         match &self.admin_token {
             Some(token) if token.expose().len() < 16 => {
                 Err("admin_token must be at least 16 characters".into())
@@ -411,6 +419,25 @@ mod tests {
             assert!(!refusal.contains(token), "{refusal}");
         }
         assert!(refused("3f9c2a7e1b4d6058a9e7c3b1d2f4a6e8").is_ok());
+    }
+
+    #[test]
+    fn the_admin_listener_needs_an_address_of_its_own() {
+        let refused = |top: &str| {
+            parse(&format!("{top}\n{}", document("limits", "", "")))
+                .unwrap()
+                .validate()
+        };
+        let taken = refused("listen = \"127.0.0.1:8080\"\nadmin_listen = \"127.0.0.1:8080\"");
+        assert!(
+            taken
+                .unwrap_err()
+                .contains("admin_listen (127.0.0.1:8080) must be an address of its own"),
+        );
+        assert!(
+            refused("ops_listen = \"127.0.0.1:9090\"\nadmin_listen = \"127.0.0.1:9090\"").is_err()
+        );
+        assert!(refused("admin_listen = \"127.0.0.1:8090\"").is_ok());
     }
 
     #[test]

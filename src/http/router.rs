@@ -97,12 +97,11 @@ pub fn build_router(state: AppState) -> Router {
             auth::require_key,
         ))
         .split_for_parts();
-    let (admin, _) = admin::admin_routes()
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            admin::require_admin,
-        ))
-        .split_for_parts();
+    // On its own listener, when it has one (`admin_listen`); else here.
+    let admin = match state.config().admin_listen {
+        Some(_) => Router::new(),
+        None => guarded_admin(&state),
+    };
     // Ops routes without a key; `/metrics` is not in the OpenAPI document.
     let (open, _) = OpenApiRouter::new()
         .routes(routes!(ops::health))
@@ -122,11 +121,41 @@ pub fn build_router(state: AppState) -> Router {
 
     // Compression goes around this (see `compressed`); `every_request` is the one layer
     // every request passes: its id, span, record and envelope.
-    Router::new()
-        .merge(v1)
-        .merge(admin)
-        .merge(open)
-        .merge(swagger)
+    served(
+        Router::new()
+            .merge(v1)
+            .merge(admin)
+            .merge(open)
+            .merge(swagger),
+        every,
+        state,
+    )
+}
+
+/// The admin listener's routes (`admin_listen`): the admin API, nothing else, with the
+/// layers of the API's.
+pub fn build_admin_router(state: AppState) -> Router {
+    let every = EveryRequest {
+        state: state.clone(),
+        traced: state.config().traces.enabled(),
+    };
+    served(guarded_admin(&state), every, state)
+}
+
+/// The admin API behind its token.
+fn guarded_admin(state: &AppState) -> Router<AppState> {
+    admin::admin_routes()
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            admin::require_admin,
+        ))
+        .split_for_parts()
+        .0
+}
+
+/// `routes` with the fallbacks and the one layer every request passes.
+fn served(routes: Router<AppState>, every: EveryRequest, state: AppState) -> Router {
+    routes
         .fallback(fallback::not_found)
         .method_not_allowed_fallback(fallback::method_not_allowed)
         .layer(middleware::from_fn_with_state(

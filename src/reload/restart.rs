@@ -13,6 +13,7 @@ pub fn needing_restart(running: &Config, next: &Config) -> Vec<String> {
     let Config {
         listen,
         ops_listen,
+        admin_listen,
         database_url,
         max_body_bytes,
         shutdown_grace_ms,
@@ -34,6 +35,7 @@ pub fn needing_restart(running: &Config, next: &Config) -> Vec<String> {
     let settings = [
         ("listen", *listen == next.listen),
         ("ops_listen", *ops_listen == next.ops_listen),
+        ("admin_listen", *admin_listen == next.admin_listen),
         ("database_url", *database_url == next.database_url),
         ("max_body_bytes", *max_body_bytes == next.max_body_bytes),
         (

@@ -104,14 +104,14 @@ fn h2_health() -> Vec<u8> {
 }
 
 /// The gateway's `ops_listen` address: a port free a moment ago.
-async fn free_address() -> String {
+pub(crate) async fn free_address() -> String {
     let probe = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     probe.local_addr().unwrap().to_string()
 }
 
 /// A connection to `address`, once the gateway listens there (it binds the ops
 /// listener while starting up, after the test has its handle).
-async fn connect_to(address: &str) -> TcpStream {
+pub(crate) async fn connect_to(address: &str) -> TcpStream {
     let connected = tokio::time::timeout(LIMIT, async {
         loop {
             if let Ok(stream) = TcpStream::connect(address).await {

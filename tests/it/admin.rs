@@ -429,3 +429,47 @@ async fn without_an_admin_token_the_admin_api_does_not_exist() {
         .unwrap();
     expect_error(response, 404, "not_found").await;
 }
+
+/// With `admin_listen`, the admin API is there and only there: the public listener does
+/// not know `/admin`, so a token that leaked is of no use from where the clients are.
+#[tokio::test]
+async fn the_admin_api_can_be_served_on_a_listener_of_its_own() {
+    let address = crate::abuse_connections::free_address().await;
+    let gw = Gateway::start_with(
+        MockConfig::default(),
+        &format!("admin_token = \"{TOKEN}\"\nadmin_listen = \"{address}\""),
+    )
+    .await;
+    let public = call(&gw, reqwest::Method::GET, "/admin/keys", None).await;
+    expect_error(public, 404, "not_found").await;
+    // Bound while the gateway starts, after the test has its handle.
+    drop(crate::abuse_connections::connect_to(&address).await);
+    let admin_url = format!("http://{address}/admin/keys");
+    let listed = gw
+        .client
+        .get(&admin_url)
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(listed.status(), 200);
+    let keys: Value = listed.json().await.unwrap();
+    assert!(
+        !keys.as_array().unwrap().is_empty(),
+        "the test key is listed: {keys}"
+    );
+    let unauthorized = gw.client.get(&admin_url).send().await.unwrap();
+    assert_eq!(unauthorized.status(), 401);
+    let api = gw
+        .client
+        .get(format!("http://{address}/v1/models"))
+        .bearer_auth(&gw.key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        api.status(),
+        404,
+        "only the admin API is on the admin listener"
+    );
+}
