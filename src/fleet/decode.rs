@@ -35,7 +35,7 @@ impl DecodeRate {
 
     /// An answer of `tokens` a sequence that took `elapsed` from sending to its end.
     pub fn learn(&self, tokens: f64, elapsed: Duration) {
-        if elapsed < SHORTEST || !(tokens >= 1.0) {
+        if elapsed < SHORTEST || tokens.is_nan() || tokens < 1.0 {
             return;
         }
         let sample = tokens / elapsed.as_secs_f64();
