@@ -1,11 +1,13 @@
-//! Test harness of the in-process suites (`tests/it`): a real fleetgate on an ephemeral
-//! port, in front of an in-process mock-vllm, with a fresh SQLite store and key per test;
-//! its router alone, without a socket ([`App`]); fresh PostgreSQL databases (`postgres`).
+//! Test harness of the in-process suites (`tests/it`, `tests/noisy_neighbour.rs`): a real
+//! fleetgate on an ephemeral port, in front of an in-process mock-vllm, with a fresh SQLite
+//! store and key per test; its router alone, without a socket ([`App`]); fresh PostgreSQL
+//! databases (`postgres`); HTTP/2 frames written by hand (`h2`).
 //! The tests name `AppState` and `build_router` only here. The real binaries as child
 //! processes (`processes`, and the key commands in `cli`) are for the targets that run
 //! them (`tests/binary.rs`, `tests/replicas.rs`, `tests/traces.rs`), which declare just
 //! the submodules they use.
 
+pub mod h2;
 pub mod postgres;
 pub mod redis_server;
 
@@ -333,6 +335,16 @@ pub fn fleet_toml(
     model_keys: &str,
     nodes: &[(&MockVllm, &str, &str)],
 ) -> String {
+    format!(
+        "\ndatabase_url = \"sqlite://{db}\"\n{top_level}\n{model}",
+        db = db_dir.join("fleetgate.db").display(),
+        model = model_toml(MODEL, &format!("default = true\n{model_keys}"), nodes),
+    )
+}
+
+/// One `[[models]]` table: the model `id`, `model_keys`, and its `nodes` as in
+/// [`fleet_toml`]. Appended to [`fleet_toml`]'s config, a second model.
+pub fn model_toml(id: &str, model_keys: &str, nodes: &[(&MockVllm, &str, &str)]) -> String {
     let upstreams: String = nodes
         .iter()
         .map(|(node, gpu, keys)| {
@@ -342,18 +354,7 @@ pub fn fleet_toml(
             )
         })
         .collect();
-    format!(
-        r#"
-database_url = "sqlite://{db}"
-{top_level}
-
-[[models]]
-id = "{MODEL}"
-default = true
-{model_keys}
-{upstreams}"#,
-        db = db_dir.join("fleetgate.db").display(),
-    )
+    format!("\n[[models]]\nid = \"{id}\"\n{model_keys}\n{upstreams}")
 }
 
 /// `GET {base_url}/metrics` (no key), as text: a gateway's or a mock node's.

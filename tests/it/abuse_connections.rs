@@ -10,6 +10,7 @@ use mock_vllm::MockConfig;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
+use crate::common::h2::{h2_frame, h2_preface};
 use crate::common::{Gateway, expect_error};
 use crate::connections::{LIMIT, Raw, connect, read_response, read_until_closed, refusals};
 
@@ -26,23 +27,6 @@ async fn gateway(body_ms: u64, top_level: &str, connections: &str) -> Gateway {
         ),
     )
     .await
-}
-
-/// HTTP/2's connection preface, then an empty SETTINGS frame: all a client must send
-/// before its first request.
-fn h2_preface() -> Vec<u8> {
-    let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    bytes.extend(h2_frame(0x4, 0, 0, &[]));
-    bytes
-}
-
-/// One HTTP/2 frame (RFC 9113 4.1).
-fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = u32::try_from(payload.len()).unwrap().to_be_bytes();
-    let mut frame = vec![len[1], len[2], len[3], kind, flags];
-    frame.extend(stream.to_be_bytes());
-    frame.extend(payload);
-    frame
 }
 
 /// The frames in what an HTTP/2 server sent: (type, flags, stream) of each.
