@@ -276,7 +276,7 @@ impl Metered {
                                 self.settlement.meter.push(chunk);
                             }
                             let out = self.settlement.meter.take();
-                            if self.settlement.overran() {
+                            if self.settlement.streamed_past_bound() {
                                 // Cut at the bound: the frames past it are not relayed.
                                 return self.cut_short("the node generated past max_tokens");
                             }

@@ -21,7 +21,7 @@ use tokio_util::task::TaskTracker;
 use crate::admission::renewals::Renewal;
 use crate::admission::{Cost, Grant, Limiter};
 use crate::backoff::Backoff;
-use crate::completion::meter::Meter;
+use crate::completion::meter::{Counts, Meter};
 use crate::fleet::InFlight;
 use crate::metrics::{GaugeGuard, UpstreamMetrics};
 use crate::request_record::RequestRecord;
@@ -39,7 +39,7 @@ pub struct Settlement {
     /// did not report usage.
     prompt_tokens: u64,
     /// The most tokens a stream's frames can count from an honest node (see
-    /// [`Settlement::overran`]).
+    /// [`Settlement::streamed_past_bound`]).
     frames_bound: u64,
     /// Sequences generated side by side: `prompt_count × n`.
     fan_out: u64,
@@ -142,13 +142,13 @@ impl Settlement {
     }
 
     /// Prompt and completion tokens to charge: the upstream's own usage when it
-    /// reported it, else the planned prompt tokens and what was seen generated; never
-    /// more than the reservation together.
-    fn tokens(&self) -> (u64, u64) {
+    /// reported it (`reported`), else the planned prompt tokens and what was seen
+    /// generated; never more than the reservation together.
+    fn tokens(&self, reported: Option<Counts>) -> (u64, u64) {
         if !self.charged {
             return (0, 0);
         }
-        let (prompt, completion) = match self.meter.reported() {
+        let (prompt, completion) = match reported {
             Some(counts) => (counts.prompt_tokens, counts.completion_tokens),
             None => (self.prompt_tokens, self.generated()),
         };
@@ -170,13 +170,19 @@ impl Settlement {
         }
     }
 
-    /// Whether the node answered beyond what the request allows: its stream's frames
-    /// counted more tokens than `max_tokens` lets it generate, or it reported usage
-    /// beyond the reservation. The frames count at most what was generated (a frame a
-    /// token, or the tokens its logprobs list), so an honest node never overruns.
-    pub fn overran(&self) -> bool {
+    /// Whether a stream's frames have counted more tokens than `max_tokens` lets the node
+    /// generate. The frames count at most what was generated (a frame a token, or the
+    /// tokens its logprobs list), so an honest node never gets there. Cheap: looked at
+    /// after every piece relayed.
+    pub fn streamed_past_bound(&self) -> bool {
         self.meter.generated() > self.frames_bound
-            || self.meter.reported().is_some_and(|counts| {
+    }
+
+    /// Whether the node answered beyond what the request allows: streamed past the
+    /// bound, or reported usage (`reported`) beyond the reservation.
+    fn overran(&self, reported: Option<Counts>) -> bool {
+        self.streamed_past_bound()
+            || reported.is_some_and(|counts| {
                 counts
                     .prompt_tokens
                     .saturating_add(counts.completion_tokens)
@@ -195,11 +201,13 @@ impl Settlement {
             return None;
         }
         self.renewal = None;
-        let (prompt_tokens, completion_tokens) = self.tokens();
-        if self.charged && self.overran() {
+        // Read once: a whole answer's usage is looked for in the tail of its body.
+        let reported = self.meter.reported();
+        let (prompt_tokens, completion_tokens) = self.tokens(reported);
+        if self.charged && self.overran(reported) {
             self.distrust();
         } else {
-            self.learn_speed();
+            self.learn_speed(reported);
         }
         self.in_flight = None;
         self.running = None;
@@ -242,14 +250,11 @@ impl Settlement {
 
 impl Settlement {
     /// Teaches the node's decode speed what this whole answer took, when the node
-    /// reported what it generated. (A stream's time is also its client's reading pace.)
-    fn learn_speed(&self) {
-        if let (Meter::Json(_), Some(counts), Some((load, ..)), Some(sent)) = (
-            &self.meter,
-            self.meter.reported(),
-            &self.in_flight,
-            self.sent,
-        ) {
+    /// reported what it generated (`reported`). (A stream's time is also its client's reading pace.)
+    fn learn_speed(&self, reported: Option<Counts>) {
+        if let (Meter::Json(_), Some(counts), Some((load, ..)), Some(sent)) =
+            (&self.meter, reported, &self.in_flight, self.sent)
+        {
             let each = counts.completion_tokens as f64 / self.fan_out.max(1) as f64;
             load.upstream().decode.learn(each, sent.elapsed());
         }
