@@ -89,6 +89,16 @@ pub enum ApiError {
         limit: u64,
         retry_after: Duration,
     },
+    /// The key's request bodies being read at once would hold more than
+    /// `connections.reading_bytes_per_key`; this one was not read.
+    #[error(
+        "This key's request bodies being uploaded now hold {held} bytes, and at most {limit} may be read at once. Retry when one of its uploads is done."
+    )]
+    BodiesBeingRead {
+        held: usize,
+        limit: usize,
+        retry_after: Duration,
+    },
     /// A Workbench or Loom write that would leave the key keeping more than
     /// `workbench.max_bytes_per_key`; nothing was written.
     #[error(
@@ -292,6 +302,7 @@ impl ApiError {
             | Self::QueueFull { .. }
             | Self::JobsPending { .. }
             | Self::JobsPendingBytes { .. }
+            | Self::BodiesBeingRead { .. }
             | Self::BudgetExceeded { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::AdmissionUnavailable | Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::UpstreamUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -326,9 +337,10 @@ impl ApiError {
             Self::DeadlineInfeasible { .. } => "deadline_infeasible",
             Self::UpstreamDeadline { .. } => "upstream_deadline",
             Self::RateLimited { .. } => "rate_limited",
-            Self::QueueFull { .. } | Self::JobsPending { .. } | Self::JobsPendingBytes { .. } => {
-                "queue_full"
-            }
+            Self::QueueFull { .. }
+            | Self::JobsPending { .. }
+            | Self::JobsPendingBytes { .. }
+            | Self::BodiesBeingRead { .. } => "queue_full",
             Self::BudgetExceeded { .. } => "budget_exceeded",
             Self::AdmissionUnavailable => "admission_unavailable",
             Self::StoreUnavailable => "store_unavailable",
@@ -387,6 +399,7 @@ impl ApiError {
             | Self::QueueFull { retry_after, .. }
             | Self::JobsPending { retry_after, .. }
             | Self::JobsPendingBytes { retry_after, .. }
+            | Self::BodiesBeingRead { retry_after, .. }
             | Self::BudgetExceeded { retry_after, .. } => {
                 Some(Duration::from_secs(retry_after_secs(retry_after)))
             }

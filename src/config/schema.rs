@@ -272,6 +272,12 @@ pub struct ConnectionSettings {
     /// 408 `request_timeout` (on every route that reads a body).
     #[serde(default = "default_body_read_timeout_ms")]
     pub body_read_timeout_ms: u64,
+    /// Bytes one key's request bodies may hold while they are read, all its
+    /// connections together (a body counts its `Content-Length`, or its route's limit
+    /// when it declares none; one body alone always goes through). Beyond: 429
+    /// `queue_full`, before any of the body is read.
+    #[serde(default = "default_reading_bytes_per_key")]
+    pub reading_bytes_per_key: usize,
     /// Connection threads: each serves the connections given to it (a new one goes to
     /// the thread with the fewest open) on a single-threaded runtime of its own, so that
     /// a request never waits for a hand-off between threads. `0` serves them on the
@@ -288,6 +294,7 @@ impl Default for ConnectionSettings {
             max_open_per_client: 0,
             header_read_timeout_ms: default_header_read_timeout_ms(),
             body_read_timeout_ms: default_body_read_timeout_ms(),
+            reading_bytes_per_key: default_reading_bytes_per_key(),
             threads: default_connection_threads(),
         }
     }
@@ -346,6 +353,11 @@ fn default_header_read_timeout_ms() -> u64 {
 }
 fn default_body_read_timeout_ms() -> u64 {
     120_000
+}
+/// 128 MiB: four bodies at the default `max_body_bytes`, or a hundred uploads of a
+/// long prompt at once.
+fn default_reading_bytes_per_key() -> usize {
+    128 * 1024 * 1024
 }
 fn default_connection_threads() -> usize {
     std::thread::available_parallelism().map_or(1, std::num::NonZero::get)

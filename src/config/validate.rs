@@ -253,9 +253,10 @@ fn connections(connections: &ConnectionSettings) -> Result<(), String> {
         || connections.ops_max_open == 0
         || connections.header_read_timeout_ms == 0
         || connections.body_read_timeout_ms == 0
+        || connections.reading_bytes_per_key == 0
     {
         return Err(
-            "connections.max_open, ops_max_open, header_read_timeout_ms and body_read_timeout_ms must be at least 1".into(),
+            "connections.max_open, ops_max_open, header_read_timeout_ms, body_read_timeout_ms and reading_bytes_per_key must be at least 1".into(),
         );
     }
     if connections.max_open_per_client > connections.max_open {

@@ -3,6 +3,7 @@
 //! a body reads it here: `POST /v1/completions` with [`read_limited`], every other one
 //! through [`JsonBody`].
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -13,6 +14,8 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
+use crate::http::auth::Caller;
+use crate::http::reading::Reading;
 use crate::state::AppState;
 
 /// The most a JSON body of a route other than `POST /v1/completions` may hold (a
@@ -83,6 +86,16 @@ impl<T: DeserializeOwned + Send> FromRequest<AppState> for JsonBody<T> {
         let limit = config.max_body_bytes.min(RECORD_BODY_LIMIT);
         let timeout = Duration::from_millis(config.connections.body_read_timeout_ms);
         let (parts, body) = request.into_parts();
+        // A key's bodies share its bound while read (admin calls have no key: trusted).
+        let _reading = match (
+            parts.extensions.get::<Caller>(),
+            parts.extensions.get::<Arc<Reading>>(),
+        ) {
+            (Some(caller), Some(reading)) => {
+                Some(reading.hold(caller.0.id, &parts.headers, limit)?)
+            }
+            _ => None,
+        };
         let bytes = read_limited(&parts.headers, body, limit, timeout).await?;
         // Whole already, and within axum's own limit (2 MiB, as RECORD_BODY_LIMIT).
         let request = Request::from_parts(parts, Body::from(bytes));

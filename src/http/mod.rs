@@ -14,6 +14,7 @@ pub mod every_request;
 pub mod fallback;
 pub mod openapi;
 pub mod panics;
+pub mod reading;
 pub mod request_record;
 pub mod request_span;
 pub mod router;

@@ -3,9 +3,9 @@
 //! the layers every request passes. `main` and the tests both build the service here;
 //! the handlers know nothing of it.
 
-use axum::Router;
 use axum::middleware;
 use axum::routing::get;
+use axum::{Extension, Router};
 use tower_http::compression::Compression;
 use tower_http::compression::predicate::{And, NotForContentType, Predicate, SizeAbove};
 use utoipa::OpenApi;
@@ -15,6 +15,7 @@ use utoipa_swagger_ui::SwaggerUi;
 
 use crate::http::every_request::{self, EveryRequest};
 use crate::http::openapi::ApiDoc;
+use crate::http::reading::Reading;
 use crate::http::routes::{admin, completions, harvest, models, ops, usage, workbench};
 use crate::http::{auth, envelope, fallback};
 use crate::state::AppState;
@@ -153,11 +154,14 @@ fn guarded_admin(state: &AppState) -> Router<AppState> {
         .0
 }
 
-/// `routes` with the fallbacks and the one layer every request passes.
+/// `routes` with the fallbacks and the one layer every request passes, and the bound on
+/// what each key's bodies hold while read (`reading.rs`).
 fn served(routes: Router<AppState>, every: EveryRequest, state: AppState) -> Router {
+    let reading = Reading::new(state.config().connections.reading_bytes_per_key);
     routes
         .fallback(fallback::not_found)
         .method_not_allowed_fallback(fallback::method_not_allowed)
+        .layer(Extension(reading))
         .layer(middleware::from_fn_with_state(
             every,
             every_request::every_request,

@@ -321,3 +321,80 @@ async fn connections_from_one_client_beyond_its_cap_are_closed_at_once() {
     });
     served.await.expect("a connection is served again");
 }
+
+/// The head of a completion of `length` bytes from `key`, asking to be told (`100
+/// Continue`) once the gateway reads its body.
+fn upload_head(key: &str, length: usize) -> String {
+    format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {length}\r\nExpect: 100-continue\r\n\r\n"
+    )
+}
+
+/// Reads until the gateway's interim answer to `Expect: 100-continue` has come: it is
+/// reading the body now.
+async fn continued(stream: &mut TcpStream) {
+    let mut head = Vec::new();
+    let read = tokio::time::timeout(LIMIT, async {
+        let mut buf = [0u8; 256];
+        while !head.ends_with(b"\r\n\r\n") {
+            let n = tokio::io::AsyncReadExt::read(stream, &mut buf)
+                .await
+                .unwrap();
+            assert!(n > 0, "closed before 100 Continue");
+            head.extend_from_slice(&buf[..n]);
+        }
+    });
+    read.await.expect("an interim answer");
+    assert!(
+        head.starts_with(b"HTTP/1.1 100"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+}
+
+/// One key's many slow uploads cannot take the process's memory: once its bodies being
+/// read hold `reading_bytes_per_key`, its next one is 429 `queue_full` before a byte of
+/// it is read; another key's uploads go on, and the bound frees as uploads end.
+#[tokio::test]
+async fn a_keys_bodies_being_read_at_once_are_bounded() {
+    let gw = gateway(10_000, "", "reading_bytes_per_key = 100000").await;
+    // An upload of 60 kB, its body being waited for (the gateway said 100 Continue).
+    let mut slow = connect(&gw).await;
+    slow.write_all(upload_head(&gw.key, 60_000).as_bytes())
+        .await
+        .unwrap();
+    continued(&mut slow).await;
+    let mut second = connect(&gw).await;
+    second
+        .write_all(upload_head(&gw.key, 60_000).as_bytes())
+        .await
+        .unwrap();
+    let refused = Raw::parse(&read_response(&mut second).await);
+    refused.envelope(429, "queue_full", "rate_limit_error");
+    assert!(refused.header("retry-after").is_some());
+    // Another key is not held back by this one's uploads.
+    let (_, other) = gw
+        .create_key(fleetgate::store::LimitOverrides::default())
+        .await;
+    let mut theirs = connect(&gw).await;
+    theirs
+        .write_all(upload_head(&other, 60_000).as_bytes())
+        .await
+        .unwrap();
+    continued(&mut theirs).await;
+    // The slow upload gone, the key's next one is read.
+    drop(slow);
+    let body = r#"{"model":"llama-8b","prompt":[1,2],"max_tokens":1}"#;
+    let read_again = tokio::time::timeout(LIMIT, async {
+        loop {
+            let response = gw.complete(body).send().await.unwrap();
+            if response.status() == 200 {
+                return;
+            }
+            expect_error(response, 429, "queue_full").await;
+        }
+    });
+    read_again
+        .await
+        .expect("the key's bound freed once its upload was gone");
+}

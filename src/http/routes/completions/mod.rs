@@ -11,6 +11,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
+use std::sync::Arc;
 use std::time::Duration;
 use tracing::Instrument;
 
@@ -21,6 +22,7 @@ use crate::error::ApiError;
 use crate::http::auth::Caller;
 use crate::http::body::{read_limited, require_json};
 use crate::http::envelope::RequestId;
+use crate::http::reading::Reading;
 use crate::http::request_record::workload;
 use crate::jobs;
 use crate::request_record::RequestRecord;
@@ -89,17 +91,20 @@ pub async fn create_completion(
     Extension(caller): Extension<Caller>,
     Extension(request_id): Extension<RequestId>,
     Extension(record): Extension<RequestRecord>,
+    Extension(reading): Extension<Arc<Reading>>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     require_json(&headers)?;
     let config = state.config();
     let body_timeout = Duration::from_millis(config.connections.body_read_timeout_ms);
+    let held = reading.hold(caller.0.id, &headers, config.max_body_bytes)?;
     // Reading the body is part of parsing it: a slow upload shows here.
     let parse = tracing::debug_span!("parse");
     let bytes = read_limited(&headers, body, config.max_body_bytes, body_timeout)
         .instrument(parse.clone())
         .await?;
+    drop(held);
     let checked = parse.in_scope(|| Checked::parse(&state, &bytes, &record))?;
     drop(parse); // its span ends with the checks
     let key = &caller.0;
