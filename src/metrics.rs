@@ -179,6 +179,7 @@ struct Inner {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
     request_duration: HistogramFamily<ModelLabels>,
+    queue_wait: HistogramFamily<ModelLabels>,
     prompt_tokens: Family<ModelLabels, Counter>,
     completion_tokens: Family<ModelLabels, Counter>,
     upstream_ttfb: HistogramFamily<UpstreamLabels>,
@@ -260,6 +261,12 @@ impl Metrics {
             "request_duration_seconds",
             "Request latency from arrival to the last byte of the response",
             request_duration.clone(),
+        );
+        let queue_wait: HistogramFamily<ModelLabels> = Family::new_with_constructor(ttfb_histogram);
+        registry.register(
+            "queue_wait_seconds",
+            "Time an admitted request waited for its turn: in its key's queue for a running slot, then in its model's fleet queue for a node with room",
+            queue_wait.clone(),
         );
         let prompt_tokens = Family::<ModelLabels, Counter>::default();
         registry.register(
@@ -450,6 +457,7 @@ impl Metrics {
             registry,
             requests,
             request_duration,
+            queue_wait,
             prompt_tokens,
             completion_tokens,
             upstream_ttfb,
@@ -553,6 +561,7 @@ impl Metrics {
                     };
                     Arc::new(ModelSeries {
                         duration: self.0.request_duration.get_or_create_owned(&labels),
+                        queue_wait: OnceLock::new(),
                         prompt_tokens: OnceLock::new(),
                         completion_tokens: OnceLock::new(),
                         labels,
@@ -569,6 +578,12 @@ impl Metrics {
             })
             .inc();
         series.duration.observe(finished.latency.as_secs_f64());
+        if let Some(waited) = finished.queue_wait {
+            series
+                .queue_wait
+                .get_or_init(|| self.0.queue_wait.get_or_create_owned(&series.labels))
+                .observe(waited.as_secs_f64());
+        }
         let tokens = [
             (
                 &series.prompt_tokens,
@@ -712,6 +727,8 @@ pub struct FinishedRequest<'a> {
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
     pub latency: Duration,
+    /// How long it waited for its turn, when it was admitted.
+    pub queue_wait: Option<Duration>,
 }
 
 impl UpstreamLabels {
@@ -727,6 +744,8 @@ impl UpstreamLabels {
 struct ModelSeries {
     labels: ModelLabels,
     duration: Histogram,
+    /// Resolved when a request of the model first waited (or was admitted at once).
+    queue_wait: OnceLock<Histogram>,
     prompt_tokens: OnceLock<Counter>,
     completion_tokens: OnceLock<Counter>,
 }

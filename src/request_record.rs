@@ -17,7 +17,7 @@
 //! row apiece, and never crowds the served requests' rows out of the log's queue.
 
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::contract::Workload;
 use crate::metrics::{FinishedRequest, Metrics};
@@ -69,6 +69,7 @@ impl RequestRecord {
                 error_code: None,
                 latency_ms: 0,
                 workload: workload.map(|w| w.as_str().to_owned()),
+                queue_wait_ms: None,
             },
             started: Instant::now(),
             holders: 1,
@@ -108,6 +109,13 @@ impl RequestRecord {
         self.lock().row.model = Some(model.to_owned());
     }
 
+    /// Adds a wait for the request's turn (its key's queue, its model's fleet queue).
+    pub fn add_queue_wait(&self, waited: Duration) {
+        let ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
+        let mut open = self.lock();
+        open.row.queue_wait_ms = Some(open.row.queue_wait_ms.unwrap_or(0).saturating_add(ms));
+    }
+
     pub fn set_tokens(&self, prompt_tokens: u64, completion_tokens: u64) {
         let mut open = self.lock();
         open.row.prompt_tokens = Some(prompt_tokens);
@@ -139,6 +147,7 @@ impl RequestRecord {
                 prompt_tokens: open.row.prompt_tokens,
                 completion_tokens: open.row.completion_tokens,
                 latency,
+                queue_wait: open.row.queue_wait_ms.map(Duration::from_millis),
             });
             let left_out = if open.refused_unauthenticated() {
                 open.metrics
@@ -180,6 +189,7 @@ fn log_line(row: &RequestLogRow, unauthenticated_left_out: Option<u64>) {
         completion_tokens = row.completion_tokens.unwrap_or(0),
         latency_ms = row.latency_ms,
         workload = row.workload.as_deref().unwrap_or(""),
+        queue_wait_ms = row.queue_wait_ms,
         unauthenticated_left_out,
         "request finished"
     );

@@ -62,6 +62,7 @@ pub async fn dispatch(
     let deadline = window.0.map(|w| tokio::time::Instant::now() + w);
     loop {
         let exclude = failed.as_ref().map(|(u, _)| &**u);
+        let waiting = Instant::now();
         let taken = tokio::select! {
             taken = model.acquire(exclude, affinity).instrument(tracing::debug_span!("route")) => taken,
             () = state.draining().cancelled() => {
@@ -72,6 +73,7 @@ pub async fn dispatch(
                 });
             }
         };
+        settlement.record().add_queue_wait(waiting.elapsed());
         let in_flight = match taken {
             Ok((in_flight, decision)) => {
                 // Once per request: a failover's pick is not a routing decision of its own.

@@ -355,9 +355,11 @@ async fn prepare(
     };
     let plan = plan(state, request, model, &mut facts, window, true, gate).await?;
     unless_backlogged(state)?;
+    let asked = std::time::Instant::now();
     let grant = admit::admit(state, key.id, &limits, &plan.cost, request_id)
         .instrument(tracing::debug_span!("admit"))
         .await?;
+    record.add_queue_wait(asked.elapsed());
     let mut settlement = Settlement::new(
         state.clone(),
         key.id,

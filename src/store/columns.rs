@@ -171,6 +171,7 @@ pub(super) struct LogColumns {
     pub(super) completion_tokens: Option<i64>,
     pub(super) status: i32,
     pub(super) latency_ms: i64,
+    pub(super) queue_wait_ms: Option<i64>,
 }
 
 impl LogColumns {
@@ -182,6 +183,7 @@ impl LogColumns {
             completion_tokens: row.completion_tokens.map(saturate),
             status: i32::from(row.status),
             latency_ms: saturate(row.latency_ms),
+            queue_wait_ms: row.queue_wait_ms.map(saturate),
         }
     }
 }
@@ -280,6 +282,10 @@ where
             error_code: row.try_get("error_code")?,
             latency_ms: convert(row.try_get::<i64, _>("latency_ms")?, "latency_ms")?,
             workload: row.try_get("workload")?,
+            queue_wait_ms: row
+                .try_get::<Option<i64>, _>("queue_wait_ms")?
+                .map(|ms| convert(ms, "queue_wait_ms"))
+                .transpose()?,
         })
     }
 }

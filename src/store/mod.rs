@@ -28,7 +28,8 @@ macro_rules! key_columns {
 macro_rules! request_log_columns {
     () => {
         "request_id, created_at_ms, key_id, key_prefix, email, client_ip, endpoint, model, \
-         prompt_tokens, completion_tokens, status, error_code, latency_ms, workload"
+         prompt_tokens, completion_tokens, status, error_code, latency_ms, workload, \
+         queue_wait_ms"
     };
 }
 

@@ -146,7 +146,7 @@ impl_store!(PostgresStore, sqlx::Postgres {
             ") SELECT * FROM UNNEST(",
             "$1::TEXT[], $2::BIGINT[], $3::BIGINT[], $4::TEXT[], $5::TEXT[], $6::TEXT[], ",
             "$7::TEXT[], $8::TEXT[], $9::BIGINT[], $10::BIGINT[], $11::INTEGER[], ",
-            "$12::TEXT[], $13::BIGINT[], $14::TEXT[]) ",
+            "$12::TEXT[], $13::BIGINT[], $14::TEXT[], $15::BIGINT[]) ",
             "ON CONFLICT (request_id) DO NOTHING"
         ))
         .bind(c.request_id)
@@ -163,6 +163,7 @@ impl_store!(PostgresStore, sqlx::Postgres {
         .bind(c.error_code)
         .bind(c.latency_ms)
         .bind(c.workload)
+        .bind(c.queue_wait_ms)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -185,6 +186,7 @@ struct LogArrays<'a> {
     error_code: Vec<Option<&'a str>>,
     latency_ms: Vec<i64>,
     workload: Vec<Option<&'a str>>,
+    queue_wait_ms: Vec<Option<i64>>,
 }
 
 impl<'a> LogArrays<'a> {
@@ -204,6 +206,7 @@ impl<'a> LogArrays<'a> {
             error_code: Vec::with_capacity(n),
             latency_ms: Vec::with_capacity(n),
             workload: Vec::with_capacity(n),
+            queue_wait_ms: Vec::with_capacity(n),
         }
     }
 
@@ -223,6 +226,7 @@ impl<'a> LogArrays<'a> {
         self.error_code.push(row.error_code.as_deref());
         self.latency_ms.push(columns.latency_ms);
         self.workload.push(row.workload.as_deref());
+        self.queue_wait_ms.push(columns.queue_wait_ms);
     }
 }
 

@@ -107,6 +107,9 @@ pub struct RequestLogRow {
     pub latency_ms: u64,
     /// Where the request came from (API, Workbench, Loom…), if known.
     pub workload: Option<String>,
+    /// How long it waited for its turn (its key's queue, then its model's fleet
+    /// queue); `None` when it never got that far. Stored up to `i64::MAX` (saturated).
+    pub queue_wait_ms: Option<u64>,
 }
 
 impl KeyRecord {

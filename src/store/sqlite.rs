@@ -214,7 +214,7 @@ static USAGE_INSERT: std::sync::LazyLock<InsertSql> = std::sync::LazyLock::new(|
 static REQUEST_LOG_INSERT: std::sync::LazyLock<InsertSql> = std::sync::LazyLock::new(|| {
     InsertSql::new(
         concat!("INSERT INTO request_log (", request_log_columns!(), ")"),
-        14,
+        15,
     )
 });
 
@@ -278,7 +278,8 @@ fn insert_request_log(rows: &[RequestLogRow]) -> Insert<'_> {
             .bind(columns.status)
             .bind(row.error_code.as_deref())
             .bind(columns.latency_ms)
-            .bind(row.workload.as_deref());
+            .bind(row.workload.as_deref())
+            .bind(columns.queue_wait_ms);
     }
     insert
 }

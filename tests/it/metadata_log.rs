@@ -96,3 +96,80 @@ async fn every_request_gets_one_metadata_row_without_text() {
         );
     }
 }
+
+/// A request that waited for its turn in its key's queue says how long, in its
+/// request-log row and in `fleetgate_queue_wait_seconds`; one that was never admitted
+/// has no wait.
+#[tokio::test]
+async fn a_requests_wait_for_its_turn_is_in_its_row_and_the_metrics() {
+    let gw = Gateway::start().await;
+    let (id, key) = gw.key_with_slots(1, Some(4)).await;
+    let body = serde_json::json!({"model": MODEL, "prompt": [1, 2], "max_tokens": 1}).to_string();
+    // The first runs, held at the node; the second waits in the key's queue behind it.
+    gw.mock.close_gate();
+    let first = tokio::spawn(
+        gw.complete_as(&key, &body)
+            .header("x-request-id", "first")
+            .send(),
+    );
+    gw.wait_occupancy(id, 1, 0).await;
+    let second = tokio::spawn(
+        gw.complete_as(&key, &body)
+            .header("x-request-id", "second")
+            .send(),
+    );
+    gw.wait_occupancy(id, 1, 1).await;
+    // How long the second waits: the test's choice, which its row must then show.
+    let held = std::time::Duration::from_millis(300);
+    tokio::time::sleep(held).await;
+    gw.mock.open_gate();
+    for request in [first, second] {
+        let response = request.await.unwrap().unwrap();
+        assert_eq!(response.status(), 200);
+        response.bytes().await.unwrap();
+    }
+    let refused =
+        serde_json::json!({"model": MODEL, "prompt": [1], "temperature": 500}).to_string();
+    assert_eq!(
+        gw.complete_as(&key, &refused)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        400
+    );
+
+    gw.state.request_log().flush().await;
+    let rows = gw.state.store().recent_requests(10).await.unwrap();
+    // The one that waited behind the other, and the one admitted at once.
+    let mut waits: Vec<u64> = rows
+        .iter()
+        .filter(|r| r.status == 200)
+        .map(|r| r.queue_wait_ms.expect("an admitted request's wait"))
+        .collect();
+    waits.sort_unstable();
+    let [at_once, waited] = waits[..] else {
+        panic!("two served rows: {rows:?}")
+    };
+    assert!(
+        (250..5_000).contains(&waited),
+        "waited {waited} ms behind a request held {} ms",
+        held.as_millis()
+    );
+    assert!(
+        at_once < 250,
+        "the first was admitted at once: {at_once} ms"
+    );
+    let never = rows.iter().find(|r| r.status == 400).unwrap();
+    assert_eq!(never.queue_wait_ms, None, "never admitted, never waited");
+
+    let text = gw.metrics_text().await;
+    let count = crate::common::parse_metrics(&text)
+        .into_iter()
+        .find(|s| {
+            s.name == "fleetgate_queue_wait_seconds_count"
+                && s.labels.get("model").is_some_and(|m| m == MODEL)
+        })
+        .map_or(0.0, |s| s.value);
+    assert_eq!(count, 2.0, "both admitted requests observed");
+}

@@ -1012,6 +1012,7 @@ pub(crate) fn log_row(request_id: &str, created_at_ms: i64) -> RequestLogRow {
         error_code: None,
         latency_ms: 0,
         workload: None,
+        queue_wait_ms: None,
     }
 }
 
@@ -1169,6 +1170,7 @@ async fn request_log_round_trip(store: Arc<dyn Store>) {
         error_code: None,
         latency_ms: 1_234,
         workload: Some("api".to_owned()),
+        queue_wait_ms: Some(321),
     };
     let failed = RequestLogRow {
         client_ip: Some("2001:db8::1".parse().unwrap()),

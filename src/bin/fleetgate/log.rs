@@ -86,6 +86,7 @@ fn row_json(row: &RequestLogRow) -> serde_json::Value {
         "prompt_tokens": row.prompt_tokens,
         "completion_tokens": row.completion_tokens,
         "latency_ms": row.latency_ms,
+        "queue_wait_ms": row.queue_wait_ms,
         "workload": row.workload,
     })
 }
