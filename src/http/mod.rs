@@ -12,6 +12,7 @@ pub mod envelope;
 mod error_response;
 pub mod every_request;
 pub mod fallback;
+pub mod held;
 pub mod openapi;
 pub mod panics;
 pub mod reading;

@@ -7,13 +7,13 @@
 //! at once, before a byte of its body is read, as the contract answers "rather than
 //! consuming unbounded memory".
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::{HeaderMap, header};
-use rustc_hash::FxHashMap;
 
 use crate::error::ApiError;
+use crate::http::held::{Held, Hold};
 
 /// When to try an upload again that found its key's bodies at their bound: an upload
 /// of the key's is likely done by then.
@@ -22,28 +22,24 @@ const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// The bytes each key's bodies being read hold now.
 pub struct Reading {
     per_key: usize,
-    held: Mutex<FxHashMap<i64, usize>>,
+    held: Arc<Held<i64>>,
 }
 
 /// A body's share of its key's bound, given back when dropped (read, refused or gone).
-pub struct ReadingHold {
-    reading: Arc<Reading>,
-    key: i64,
-    bytes: usize,
-}
+pub type ReadingHold = Hold<i64>;
 
 impl Reading {
     pub fn new(per_key: usize) -> Arc<Self> {
         Arc::new(Self {
             per_key,
-            held: Mutex::new(FxHashMap::default()),
+            held: Held::new(),
         })
     }
 
     /// Holds what a body of `key`'s will take (its `Content-Length`, else `limit`), or
     /// refuses with 429 `queue_full` when its key's bodies would hold more than the bound.
     pub fn hold(
-        self: &Arc<Self>,
+        &self,
         key: i64,
         headers: &HeaderMap,
         limit: usize,
@@ -53,34 +49,15 @@ impl Reading {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<usize>().ok())
             .map_or(limit, |declared| declared.min(limit));
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        let now = held.get(&key).copied().unwrap_or(0);
         // One body is always let through, whatever its size: a key is never locked out.
-        if now > 0 && now.saturating_add(bytes) > self.per_key {
-            return Err(ApiError::BodiesBeingRead {
-                held: now,
+        let fits = |now: usize| now == 0 || now.saturating_add(bytes) <= self.per_key;
+        self.held
+            .hold(key, bytes, fits)
+            .map_err(|held| ApiError::BodiesBeingRead {
+                held,
                 limit: self.per_key,
                 retry_after: RETRY_AFTER,
-            });
-        }
-        held.insert(key, now + bytes);
-        Ok(ReadingHold {
-            reading: Arc::clone(self),
-            key,
-            bytes,
-        })
-    }
-}
-
-impl Drop for ReadingHold {
-    fn drop(&mut self) {
-        let mut held = self.reading.held.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(now) = held.get_mut(&self.key) {
-            *now = now.saturating_sub(self.bytes);
-            if *now == 0 {
-                held.remove(&self.key);
-            }
-        }
+            })
     }
 }
 
@@ -105,11 +82,12 @@ mod tests {
         drop(first);
         let again = reading.hold(1, &HeaderMap::new(), 50).unwrap();
         assert_eq!(
-            again.bytes, 50,
+            again.amount(),
+            50,
             "a body that declares no length holds its limit"
         );
         drop((other, again));
-        assert!(reading.held.lock().unwrap().is_empty());
+        assert!(reading.held.is_empty());
         // One body alone always goes through, even over the bound.
         assert!(reading.hold(3, &declaring(500), 1000).is_ok());
     }

@@ -6,62 +6,41 @@
 //! behind a load balancer or a proxy, every client has the proxy's address, and this
 //! cap would be the proxy's.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+
+use crate::http::held::{Held, Hold};
 
 /// The connections open from each peer address.
 pub(super) struct PerClient {
     /// `0`: no cap, and nothing counted.
     cap: usize,
-    open: Mutex<HashMap<IpAddr, usize>>,
+    open: Arc<Held<IpAddr>>,
 }
 
 impl PerClient {
     pub(super) fn new(cap: usize) -> Arc<Self> {
         Arc::new(Self {
             cap,
-            open: Mutex::default(),
+            open: Held::new(),
         })
     }
 
     /// One more connection from `ip`, counted until the hold is dropped; `None` when
     /// `ip` has the cap's worth open already.
-    pub(super) fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<ClientHold> {
+    pub(super) fn admit(&self, ip: IpAddr) -> Option<ClientHold> {
         if self.cap == 0 {
             return Some(ClientHold(None));
         }
-        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        let count = open.entry(ip).or_insert(0);
-        if *count >= self.cap {
-            return None;
-        }
-        *count += 1;
-        Some(ClientHold(Some((Arc::clone(self), ip))))
+        let hold = self.open.hold(ip, 1, |open| open < self.cap).ok()?;
+        Some(ClientHold(Some(hold)))
     }
 }
 
 /// One connection counted against its peer address until dropped.
-pub(super) struct ClientHold(Option<(Arc<PerClient>, IpAddr)>);
-
-impl Drop for ClientHold {
-    fn drop(&mut self) {
-        let Some((per_client, ip)) = self.0.take() else {
-            return;
-        };
-        let mut open = per_client
-            .open
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        // An address with none open leaves the map: it holds only addresses in use.
-        if let Some(count) = open.get_mut(&ip) {
-            *count -= 1;
-            if *count == 0 {
-                open.remove(&ip);
-            }
-        }
-    }
-}
+pub(super) struct ClientHold(
+    #[expect(dead_code, reason = "held for its drop")] Option<Hold<IpAddr>>,
+);
 
 #[cfg(test)]
 mod tests {
@@ -86,6 +65,6 @@ mod tests {
             .map(|_| per_client.admit([10, 0, 0, 1].into()).unwrap())
             .collect();
         assert_eq!(holds.len(), 100);
-        assert!(per_client.open.lock().unwrap().is_empty());
+        assert!(per_client.open.is_empty());
     }
 }
