@@ -37,15 +37,7 @@ async fn lone_node(mock: &MockVllm, probe_timeout_ms: u64) -> Gateway {
 
 /// The node's entry in verbose `/health`.
 async fn node_health(gw: &Gateway) -> Value {
-    let health: Value = gw
-        .client
-        .get(format!("{}/health?verbose=true", gw.url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let health = gw.get_json("/health?verbose=true").await;
     health["models"][0]["upstreams"][0].clone()
 }
 
