@@ -61,10 +61,10 @@ pub async fn dispatch(
     // One window for the request, failover included.
     let deadline = window.0.map(|w| tokio::time::Instant::now() + w);
     loop {
-        let exclude = failed.as_ref().map(|(u, _)| &**u);
+        let exclude = failed.as_ref().map(|(u, _)| u);
         let waiting = Instant::now();
         let taken = tokio::select! {
-            taken = model.acquire(exclude, affinity).instrument(tracing::debug_span!("route")) => taken,
+            taken = model.acquire(exclude, affinity, settlement.turn()).instrument(tracing::debug_span!("route")) => taken,
             () = state.draining().cancelled() => {
                 return Err(Unanswered {
                     error: super::cut::shutting_down(),
@@ -74,13 +74,13 @@ pub async fn dispatch(
             }
         };
         settlement.record().add_queue_wait(waiting.elapsed());
-        let in_flight = match taken {
-            Ok((in_flight, decision)) => {
+        let taken = match taken {
+            Ok(taken) => {
                 // Once per request: a failover's pick is not a routing decision of its own.
                 if failed.is_none() {
-                    state.metrics().routed(&model.id, decision);
+                    state.metrics().routed(&model.id, taken.decision);
                 }
-                in_flight
+                taken
             }
             Err(no_node) => {
                 // After a failover attempt, the first node's failure says more than
@@ -97,9 +97,9 @@ pub async fn dispatch(
                 });
             }
         };
-        let upstream = Arc::clone(in_flight.upstream());
+        let upstream = Arc::clone(taken.in_flight.upstream());
         let metrics = state.metrics().upstream(&model.id, &upstream.gpu);
-        settlement.hold_in_flight(in_flight, metrics.clone());
+        settlement.hold_in_flight(taken, metrics.clone());
         let lost = upstream.lost();
         if lost.is_cancelled() {
             // Found dead between the pick and now: never sent, so another node may run

@@ -22,7 +22,7 @@ use crate::admission::renewals::Renewal;
 use crate::admission::{Cost, Grant, Limiter};
 use crate::backoff::Backoff;
 use crate::completion::meter::{Counts, Meter};
-use crate::fleet::InFlight;
+use crate::fleet::{Charge, InFlight, Taken, Turn};
 use crate::metrics::{GaugeGuard, UpstreamMetrics};
 use crate::request_record::RequestRecord;
 use crate::state::AppState;
@@ -56,6 +56,11 @@ pub struct Settlement {
     /// `fleetgate_in_flight_requests`) from when it is sent until settled (the body
     /// ended, failed or was dropped).
     in_flight: Option<(InFlight, GaugeGuard, UpstreamMetrics)>,
+    /// Its key's charge in the fleet queue's turns, from when it is sent until settled
+    /// (then corrected to what it used).
+    charge: Option<Charge>,
+    /// The key's `share` of a saturated fleet.
+    share: u32,
     /// When the request was sent to its node (with `in_flight`).
     sent: Option<Instant>,
     settled: bool,
@@ -65,10 +70,13 @@ pub struct Settlement {
 
 impl Settlement {
     /// `cost`: what the request was planned to cost; `echoed`: the prompt tokens its
-    /// choices repeat before what they generate (`echo`), which a stream's logprobs count.
+    /// choices repeat before what they generate (`echo`), which a stream's logprobs count;
+    /// `share`: the key's share of a saturated fleet.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         state: AppState,
         key: i64,
+        share: u32,
         lease: String,
         grant: Grant,
         cost: &Cost,
@@ -86,6 +94,8 @@ impl Settlement {
         Self {
             running,
             in_flight: None,
+            charge: None,
+            share,
             sent: None,
             renewal,
             record,
@@ -118,10 +128,18 @@ impl Settlement {
         &self.grant
     }
 
-    /// Holds the upstream's in-flight counts until the request is settled; the request
-    /// is sent to it now.
-    pub fn hold_in_flight(&mut self, load: InFlight, metrics: UpstreamMetrics) {
-        self.in_flight = Some((load, metrics.in_flight(), metrics));
+    /// What the request is charged in its model's fleet queue when a node takes it:
+    /// its prompt and the most its choices may generate.
+    pub fn turn(&self) -> Turn {
+        let generated = self.fan_out.saturating_mul(self.grant.max_tokens);
+        Turn::new(self.key, self.share, self.prompt_tokens, generated)
+    }
+
+    /// Holds the node taken (counted in flight there, charged to the key) until the
+    /// request is settled; the request is sent to it now.
+    pub fn hold_in_flight(&mut self, taken: Taken, metrics: UpstreamMetrics) {
+        self.in_flight = Some((taken.in_flight, metrics.in_flight(), metrics));
+        self.charge = Some(taken.charge);
         self.sent = Some(Instant::now());
     }
 
@@ -208,6 +226,10 @@ impl Settlement {
             self.distrust();
         } else {
             self.learn_speed(reported);
+        }
+        // Corrected before the slot comes free: whoever it goes to is chosen by it.
+        if let Some(charge) = self.charge.take() {
+            charge.settle(prompt_tokens, completion_tokens);
         }
         self.in_flight = None;
         self.running = None;

@@ -33,6 +33,11 @@ pub struct FleetSettings {
     /// The longest a request waits in that queue before 503.
     #[serde(default = "default_queue_timeout_ms")]
     pub queue_timeout_ms: u64,
+    /// Which waiting request gets the next free node slot: `fair` (the key that has
+    /// been served the fewest tokens for its `share`) or `arrival` (first come, first
+    /// served).
+    #[serde(default)]
+    pub queue_order: QueueOrder,
     /// How long a non-streaming request may take upstream before 504
     /// `upstream_deadline`; omitted `max_tokens` are cut to what fits in it.
     #[serde(default = "default_request_window_ms")]
@@ -75,6 +80,18 @@ pub enum Routing {
     Load,
 }
 
+/// Which waiting request a model's fleet queue serves next (`fleet.queue_order`).
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueOrder {
+    /// The key with the least service (tokens over its share) first; within a key,
+    /// arrival order (`fleet/turns.rs`).
+    #[default]
+    Fair,
+    /// First come, first served, whoever's key it is.
+    Arrival,
+}
+
 impl Default for FleetSettings {
     fn default() -> Self {
         Self {
@@ -84,6 +101,7 @@ impl Default for FleetSettings {
             eject_max_ms: default_eject_max_ms(),
             queue_size: default_queue_size(),
             queue_timeout_ms: default_queue_timeout_ms(),
+            queue_order: QueueOrder::default(),
             request_window_ms: default_request_window_ms(),
             keepalive_interval_ms: default_keepalive_interval_ms(),
             routing: Routing::default(),

@@ -5,7 +5,8 @@
 //!   `max_in_flight`, by in-flight count over weight; with `routing = "prefix"`, the
 //!   node that owns the prompt's prefix first (`prefix.rs`).
 //! - Capacity: when every node that is up is full, requests wait in a bounded per-model
-//!   queue (`fleet.queue_size`, `fleet.queue_timeout_ms`), then get 503.
+//!   queue (`fleet.queue_size`, `fleet.queue_timeout_ms`), then get 503; the next free
+//!   slot goes to the key served least for its share (`turns.rs`).
 //! - Nodes: `node.rs`; a model's pick and queue: `model.rs`.
 //! - Health: see `ejection.rs` (ejection, back-off) and `background::prober` (active probes).
 //! - Scale to zero: `sleep.rs` (a model's state and keep-warm policy) and `wake.rs`
@@ -24,16 +25,18 @@ mod model;
 mod node;
 mod prefix;
 mod sleep;
+mod turns;
 mod wake;
 
 pub use change::{ModelChanges, NodeChange, NodeRef, Planned};
 pub use decode::DecodeRate;
 pub use ejection::{DownReason, Health};
 pub use load::Reported;
-pub use model::{Model, NoNode};
+pub use model::{Model, NoNode, Taken};
 pub use node::{InFlight, Node};
 pub use prefix::{Affinity, Decision, PromptStart};
 pub use sleep::Sleep;
+pub use turns::{Charge, Turn};
 
 use crate::config::Config;
 use crate::error::{ApiError, excerpt};
@@ -127,8 +130,15 @@ mod tests {
     async fn pick(fleet: &Fleet, prompt: &str) -> (InFlight, Decision) {
         let model = &fleet.models()[0];
         let affinity = model.affinity(PromptStart::Text(prompt.as_bytes()));
-        model.acquire(None, affinity).await.unwrap()
+        let taken = model.acquire(None, affinity, TURN).await.unwrap();
+        (taken.in_flight, taken.decision)
     }
+
+    const TURN: Turn = Turn {
+        key: 1,
+        share: 1,
+        cost: 1.0,
+    };
 
     #[tokio::test]
     async fn independently_built_fleets_send_each_prefix_to_the_same_node() {
@@ -228,9 +238,9 @@ mod tests {
         let model = &fleet.models()[0];
         let before = model.nodes();
         let (on_b, _) = loop {
-            let taken = model.acquire(None, Affinity::Load).await.unwrap();
-            if taken.0.upstream().url == b {
-                break taken;
+            let taken = model.acquire(None, Affinity::Load, TURN).await.unwrap();
+            if taken.in_flight.upstream().url == b {
+                break (taken.in_flight, taken.decision);
             }
         };
 

@@ -2,7 +2,7 @@
 //! the prefix's owner (or its runner-up) with `routing = "prefix"` (`prefix.rs`), else
 //! (or when both are overloaded or full) power of two choices by load — and its fleet queue
 //! (`fleet.queue_size`, `fleet.queue_timeout_ms`) for when every node that is up is at
-//! its `max_in_flight`.
+//! its `max_in_flight`, served in turn by key (`turns.rs`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -10,11 +10,12 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use rand::Rng;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
 
 use super::node::{InFlight, Node};
 use super::prefix::{self, Affinity, Balance, Decision, PromptStart, Seen};
 use super::sleep::Sleep;
+use super::turns::{Charge, Ticket, Turn, Turns};
 use crate::backoff::Backoff;
 use crate::config::{FleetSettings, ModelConfig, Routing};
 use crate::error::ApiError;
@@ -35,6 +36,8 @@ pub struct Model {
     freed: Arc<Notify>,
     /// Requests waiting in this model's fleet queue.
     queued: AtomicU32,
+    /// Who goes next when a slot comes free (`turns.rs`).
+    turns: Turns<Waiter>,
     queue_size: u32,
     queue_timeout: Duration,
     /// With `routing = "prefix"`: how deep prompts are keyed, when the owner is passed
@@ -100,6 +103,7 @@ impl Model {
             backoff,
             freed,
             queued: AtomicU32::new(0),
+            turns: Turns::new(fleet.queue_order),
             queue_size: fleet.queue_size,
             queue_timeout: Duration::from_millis(fleet.queue_timeout_ms),
             prefix: (config.routing.unwrap_or(fleet.routing) == Routing::Prefix).then_some(
@@ -195,32 +199,109 @@ impl Model {
         }
     }
 
-    /// A node for the next request, counted in flight from here on, and how it was
-    /// picked; waits in the fleet queue while every node that is up is full. `exclude`:
-    /// a node that just failed this request.
+    /// A node for the next request, counted in flight from here on and charged to
+    /// `turn`'s key, and how it was picked; waits in the fleet queue, for its turn
+    /// (`turns.rs`), while every node that is up is full. `exclude`: a node that just
+    /// failed this request.
     pub async fn acquire(
         &self,
-        exclude: Option<&Node>,
+        exclude: Option<&Arc<Node>>,
         affinity: Affinity,
-    ) -> Result<(InFlight, Decision), NoNode> {
+        turn: Turn,
+    ) -> Result<Taken, NoNode> {
+        // Nobody waits: no turn to take.
+        if self.queued() == 0 {
+            match self.try_pick(exclude.map(|node| &**node), affinity) {
+                Ok((in_flight, decision)) => {
+                    let charge = self.turns.charge_now(turn);
+                    return Ok(Taken {
+                        in_flight,
+                        decision,
+                        charge,
+                    });
+                }
+                Err(NoNode::NoneUp) => return Err(NoNode::NoneUp),
+                Err(NoNode::Busy) => {}
+            }
+        }
         let give_up = Instant::now() + self.queue_timeout;
-        let mut waiting: Option<Queued<'_>> = None;
+        let _counted = Queued::join(self).ok_or(NoNode::Busy)?;
+        let (handed, mut taken) = oneshot::channel();
+        let waiter = Waiter {
+            exclude: exclude.cloned(),
+            affinity,
+            handed,
+        };
+        let ticket = self.turns.lock().join(turn, waiter);
+        let place = InLine {
+            model: self,
+            ticket,
+        };
+        // A slot may have come free since the look above.
+        self.hand_out();
         loop {
             // Registered before looking, so a slot freed in between is not missed.
             let freed = self.freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
-            match self.try_pick(exclude, affinity) {
-                Ok(taken) => return Ok(taken),
-                Err(NoNode::NoneUp) => return Err(NoNode::NoneUp),
-                Err(NoNode::Busy) => {}
+            tokio::select! {
+                biased;
+                given = &mut taken => return given.unwrap_or(Err(NoNode::Busy)),
+                () = freed => self.hand_out(),
+                () = tokio::time::sleep_until(give_up.into()) => {
+                    // Given a node as the time ran out: take it.
+                    if place.leave() {
+                        return Err(NoNode::Busy);
+                    }
+                    return taken.try_recv().unwrap_or(Err(NoNode::Busy));
+                }
             }
-            if waiting.is_none() {
-                waiting = Some(Queued::join(self).ok_or(NoNode::Busy)?);
+        }
+    }
+
+    /// Gives the free slots to the waiting requests whose turn it is, until every node
+    /// is full or nobody waits. Whoever notices a slot free runs it (a waiter woken by
+    /// `freed`, or one that joins), so no slot stays free while a request waits.
+    fn hand_out(&self) {
+        let mut queue = self.turns.lock();
+        'first: while let Some(first) = queue.first() {
+            let mut later = None;
+            let mut ticket = first;
+            loop {
+                let Some(waiter) = queue.what(ticket) else {
+                    return;
+                };
+                match self.try_pick(waiter.exclude.as_deref(), waiter.affinity) {
+                    Ok((in_flight, decision)) => {
+                        if let Some((waiter, charge)) = queue.served(ticket) {
+                            waiter.give(Ok(Taken {
+                                in_flight,
+                                decision,
+                                charge,
+                            }));
+                        }
+                        continue 'first;
+                    }
+                    Err(NoNode::NoneUp) => {
+                        if let Some(waiter) = queue.remove(ticket) {
+                            waiter.give(Err(NoNode::NoneUp));
+                        }
+                        continue 'first;
+                    }
+                    Err(NoNode::Busy) => {
+                        // Every node full: the rest wait too. Only when the room left is
+                        // on the node this request must avoid may one after it go.
+                        if !self.up(&self.nodes.load()).any(|node| node.has_room()) {
+                            return;
+                        }
+                        let after = later.get_or_insert_with(|| queue.in_order().into_iter());
+                        match after.find(|next| *next != first) {
+                            Some(next) => ticket = next,
+                            None => return,
+                        }
+                    }
+                }
             }
-            tokio::time::timeout_at(give_up.into(), freed)
-                .await
-                .map_err(|_| NoNode::Busy)?;
         }
     }
 
@@ -360,6 +441,48 @@ impl Model {
     /// What the first upstream that has answered `/v1/models` serves, if any has.
     pub fn served(&self) -> Option<Arc<Served>> {
         self.nodes.load().iter().find_map(|u| u.served())
+    }
+}
+
+/// A node taken for a request: counted in flight on it, charged to its key until
+/// settled, and how it was picked.
+pub struct Taken {
+    pub in_flight: InFlight,
+    pub decision: Decision,
+    pub charge: Charge,
+}
+
+/// What a request waiting in line needs to be given a node, and where it is given.
+struct Waiter {
+    exclude: Option<Arc<Node>>,
+    affinity: Affinity,
+    handed: oneshot::Sender<Result<Taken, NoNode>>,
+}
+
+impl Waiter {
+    /// Gives the waiter its node (or its error). Should it have gone meanwhile, the
+    /// node taken is dropped here: free again, its key's charge taken back.
+    fn give(self, taken: Result<Taken, NoNode>) {
+        let _gone = self.handed.send(taken);
+    }
+}
+
+/// A request's place in line, left on drop (the request gave up or its client went).
+struct InLine<'a> {
+    model: &'a Model,
+    ticket: Ticket,
+}
+
+impl InLine<'_> {
+    /// Leaves the line; false when the request was given a node first.
+    fn leave(&self) -> bool {
+        self.model.turns.lock().remove(self.ticket).is_some()
+    }
+}
+
+impl Drop for InLine<'_> {
+    fn drop(&mut self) {
+        self.leave();
     }
 }
 

@@ -32,6 +32,7 @@ mod admission;
 mod cold_boot;
 mod connections;
 mod deadline;
+mod fair_share;
 mod faults;
 mod fleet;
 mod gateway;
