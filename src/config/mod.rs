@@ -14,7 +14,7 @@ mod load;
 mod schema;
 mod validate;
 
-pub use fleet::{FleetSettings, ModelConfig, PREFIX_BLOCK_BYTES, Routing, UpstreamConfig};
+pub use fleet::{FleetSettings, Hold, ModelConfig, PREFIX_BLOCK_BYTES, Routing, UpstreamConfig};
 pub use jobs::JobSettings;
 pub use load::ConfigError;
 pub use schema::{
