@@ -36,6 +36,7 @@ mod faults;
 mod fleet;
 mod gateway;
 mod health;
+mod hold;
 mod job_store;
 mod jobs;
 mod keys;
