@@ -193,6 +193,7 @@ struct Inner {
     /// Each model's request series, resolved once; `""` for requests of no known model.
     models: RwLock<FxHashMap<String, Arc<ModelSeries>>>,
     prefix_cache_hit_rate: Family<UpstreamLabels, Gauge<f64, AtomicU64>>,
+    hold_limit: Family<UpstreamLabels, Gauge>,
     /// Each model's routing counters, resolved at start-up: no label is built per request.
     routing: FxHashMap<String, [Counter; 4]>,
     fleet_queued: Family<ModelLabels, Gauge>,
@@ -321,8 +322,14 @@ impl Metrics {
         let prefix_cache_hit_rate = Family::<UpstreamLabels, Gauge<f64, AtomicU64>>::default();
         registry.register(
             "upstream_prefix_cache_hit_rate",
-            "Share of the prompt tokens the node found in its prefix cache, from its vllm:prefix_cache_hits/queries between its last two probes that saw queries (absent until then)",
+            "Share of the prompt tokens the node found in its prefix cache, from its vllm:prefix_cache_hits/queries between its last two readings that saw queries (absent until then)",
             prefix_cache_hit_rate.clone(),
+        );
+        let hold_limit = Family::<UpstreamLabels, Gauge>::default();
+        registry.register(
+            "upstream_hold_limit",
+            "The limit on this replica's requests in flight to the node learned from the load it reports (fleet.hold = \"auto\", a node without max_in_flight that reported requests waiting); beyond it requests wait in the fleet queue. Absent while none holds",
+            hold_limit.clone(),
         );
         let routing_decisions = Family::<RoutingLabels, Counter>::default();
         registry.register(
@@ -469,6 +476,7 @@ impl Metrics {
             upstreams: RwLock::default(),
             models: RwLock::default(),
             prefix_cache_hit_rate,
+            hold_limit,
             routing,
             fleet_queued,
             admission_running,
@@ -513,10 +521,11 @@ impl Metrics {
         self.0.in_flight.remove(&labels);
         self.0.upstream_up.remove(&labels);
         self.0.prefix_cache_hit_rate.remove(&labels);
+        self.0.hold_limit.remove(&labels);
     }
 
     /// Reads the fleet's state into its gauges (node health, prefix-cache hit rates,
-    /// queue depths); called at
+    /// learned limits, queue depths); called at
     /// each scrape, so the gauges are never stale.
     pub fn observe_fleet(&self, fleet: &Fleet) {
         for model in fleet.models() {
@@ -535,6 +544,15 @@ impl Metrics {
                         .prefix_cache_hit_rate
                         .get_or_create(&labels)
                         .set(rate);
+                }
+                match upstream.hold_limit() {
+                    Some(limit) => {
+                        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+                        self.0.hold_limit.get_or_create(&labels).set(limit);
+                    }
+                    None => {
+                        self.0.hold_limit.remove(&labels);
+                    }
                 }
             }
         }

@@ -148,6 +148,7 @@ pub async fn serve(
     let probes = Prober::of(&state);
     probes.discover().await;
     let prober = tokio::spawn(probes.clone().run());
+    let held = tokio::spawn(probes.clone().watch_held());
     let keep_warm = tokio::spawn(probes.keep_warm());
     let sweeper = tokio::spawn(checkpoint_sweeper::run(state.clone()));
     let retention = tokio::spawn(request_log_retention::run(state.clone()));
@@ -231,6 +232,7 @@ pub async fn serve(
     stop_upkeep.cancel();
     let _ = tokio::join!(sweep, watch);
     prober.abort();
+    held.abort();
     keep_warm.abort();
     sweeper.abort();
     retention.abort();

@@ -47,6 +47,9 @@ pub struct Served {
 /// One reading of a vLLM server's own load, from its `GET /metrics`.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct NodeLoad {
+    /// `vllm:num_requests_running`, summed over engines: every replica's requests the
+    /// node decodes now.
+    pub running: u64,
     /// `vllm:num_requests_waiting`, summed over engines.
     pub waiting: u64,
     /// `vllm:kv_cache_usage_perc` (0.9.2+) or `vllm:gpu_cache_usage_perc` (older), the
@@ -153,7 +156,7 @@ impl From<UpstreamError> for ApiError {
 }
 
 impl NodeLoad {
-    /// Reads the two gauges and the prefix-cache counters from Prometheus text; other lines, comments and
+    /// Reads the three gauges and the prefix-cache counters from Prometheus text; other lines, comments and
     /// unparseable values are skipped (label order and `_created` series vary by version).
     pub fn parse(text: &str) -> Self {
         let mut load = Self::default();
@@ -169,6 +172,7 @@ impl NodeLoad {
             }
             let name = series.split('{').next().unwrap_or("").trim();
             match name {
+                "vllm:num_requests_running" => load.running += value as u64,
                 "vllm:num_requests_waiting" => load.waiting += value as u64,
                 "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => {
                     load.kv_cache_usage = load.kv_cache_usage.max(value);
@@ -468,7 +472,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reads_waiting_and_kv_cache_across_engines_and_versions() {
+    fn reads_running_waiting_and_kv_cache_across_engines_and_versions() {
         let text = r#"# HELP vllm:num_requests_waiting Number of requests waiting.
 # TYPE vllm:num_requests_waiting gauge
 vllm:num_requests_waiting{engine="0",model_name="m"} 3.0
@@ -488,6 +492,7 @@ vllm:num_requests_waiting{engine="2"} NaN
         assert_eq!(
             NodeLoad::parse(text),
             NodeLoad {
+                running: 9,
                 waiting: 5,
                 kv_cache_usage: 0.5,
                 prefix_cache_queries: 1500,

@@ -3,7 +3,10 @@
 //! `GET /v1/models`, within `fleet.probe_timeout_ms`. A node passes when both answer
 //! and it serves the same checkpoint as the model's other nodes. A node that passes is
 //! also asked `GET /metrics` for its queue and KV-cache use (`load.rs`), which inform
-//! the pick. [`Prober::keep_warm`] runs the
+//! the pick and, with `fleet.hold = "auto"`, teach a node without `max_in_flight` when
+//! to hold requests (`fleet/hold.rs`). [`Prober::watch_held`] reads the `/metrics` of
+//! the nodes holding requests more often than that, every [`HELD_READING`] (when the
+//! probe interval is longer). [`Prober::keep_warm`] runs the
 //! keep-warm policy (`sleep.rs`, `wake.rs`) on the same beat, in its own task so that a slow sleep
 //! hook never delays a probe.
 
@@ -13,7 +16,8 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use tokio::time::MissedTickBehavior;
 
-use crate::fleet::{Model, Node};
+use crate::config::Hold;
+use crate::fleet::{HELD_READING, Model, Node};
 use crate::state::AppState;
 
 /// The state whose fleet is probed (its client asks the nodes, its metrics count the
@@ -23,6 +27,8 @@ pub struct Prober {
     state: AppState,
     interval: Duration,
     timeout: Duration,
+    /// `fleet.hold = "auto"`: nodes learn when to hold from their readings.
+    hold: bool,
 }
 
 impl Prober {
@@ -33,6 +39,7 @@ impl Prober {
             state: state.clone(),
             interval: Duration::from_millis(settings.probe_interval_ms),
             timeout: Duration::from_millis(settings.probe_timeout_ms),
+            hold: settings.hold == Hold::Auto,
         }
     }
 
@@ -96,6 +103,37 @@ impl Prober {
         }
     }
 
+    /// Reads the `/metrics` of every node that holds requests (one with a learned
+    /// limit, up) every [`HELD_READING`], forever, so that its limit follows its load
+    /// closer than the probes do; returns at once when they are that frequent already,
+    /// or with `fleet.hold = "off"`. The caller aborts the task on shutdown. A reading
+    /// that fails or is late is skipped: the probes judge the node.
+    pub async fn watch_held(self) {
+        if !self.hold || self.interval <= HELD_READING {
+            return;
+        }
+        let mut ticks = tokio::time::interval(HELD_READING);
+        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            let held: Vec<Arc<Node>> = self
+                .state
+                .fleet()
+                .nodes()
+                .into_iter()
+                .filter(|node| node.hold_limit().is_some() && node.health.is_up())
+                .collect();
+            let client = self.state.upstream();
+            join_all(held.iter().map(|node| async move {
+                let reading = tokio::time::timeout(self.timeout, client.node_load(&node.url));
+                if let Ok(Ok(load)) = reading.await {
+                    node.observe(load, self.hold);
+                }
+            }))
+            .await;
+        }
+    }
+
     /// Puts idle models to sleep, forever; the caller aborts the task on shutdown.
     pub async fn keep_warm(self) {
         let mut ticks = self.beat();
@@ -140,9 +178,10 @@ impl Prober {
                     upstream.set_served(served);
                     // Optional: a node without metrics just counts as reporting no load.
                     let load = tokio::time::timeout(timeout, client.node_load(&upstream.url)).await;
-                    upstream
-                        .reported
-                        .set(load.ok().and_then(Result::ok).unwrap_or_default());
+                    upstream.observe(
+                        load.ok().and_then(Result::ok).unwrap_or_default(),
+                        self.hold,
+                    );
                     if model.sleep.is_booting() {
                         // A booting node that answers is up, whatever its back-off said.
                         upstream.health.probe_soon();

@@ -68,6 +68,22 @@ pub struct FleetSettings {
     /// the least-loaded pick.
     #[serde(default = "default_prefix_tracked")]
     pub prefix_tracked: usize,
+    /// Whether a node without `max_in_flight` gets a limit learned from the load it
+    /// reports, so that once it queues the excess waits in the fleet queue.
+    #[serde(default)]
+    pub hold: Hold,
+}
+
+/// Whether requests are held at the gateway once a node queues (`fleet.hold`).
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Hold {
+    /// A node without `max_in_flight` that reports requests waiting gets a limit learned
+    /// from its load (`fleet/hold.rs`).
+    #[default]
+    Auto,
+    /// Only `max_in_flight` limits what is sent to a node: vLLM queues the rest.
+    Off,
 }
 
 /// How a model's requests choose their node (`fleet.routing`, `models.routing`).
@@ -109,6 +125,7 @@ impl Default for FleetSettings {
             prefix_imbalance_abs: default_prefix_imbalance_abs(),
             prefix_imbalance_rel: default_prefix_imbalance_rel(),
             prefix_tracked: default_prefix_tracked(),
+            hold: Hold::default(),
         }
     }
 }

@@ -15,7 +15,7 @@ mod schema;
 mod validate;
 
 pub use fleet::{
-    FleetSettings, ModelConfig, PREFIX_BLOCK_BYTES, QueueOrder, Routing, UpstreamConfig,
+    FleetSettings, Hold, ModelConfig, PREFIX_BLOCK_BYTES, QueueOrder, Routing, UpstreamConfig,
 };
 pub use jobs::JobSettings;
 pub use load::ConfigError;

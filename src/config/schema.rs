@@ -414,7 +414,7 @@ pub(super) mod tests {
     use figment::providers::{Format, Toml};
 
     use super::*;
-    use crate::config::fleet::Routing;
+    use crate::config::fleet::{Hold, Routing};
 
     /// A config document with one model: `keys` under `[section]`, `model_keys` in the
     /// model.
@@ -450,6 +450,15 @@ pub(super) mod tests {
             .map(|_| ())
             .unwrap_err();
         assert!(refused.contains("random"), "{refused}");
+    }
+
+    #[test]
+    fn hold_is_auto_unless_turned_off() {
+        let hold = |keys| parse(&document("fleet", keys, "")).map(|c| c.fleet.hold);
+        assert_eq!(hold(""), Ok(Hold::Auto));
+        assert_eq!(hold("hold = \"off\""), Ok(Hold::Off));
+        let refused = hold("hold = \"sometimes\"").unwrap_err();
+        assert!(refused.contains("sometimes"), "{refused}");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! What a vLLM node last reported about itself in `GET /metrics` (read by the prober,
-//! parsed by the vLLM client): requests waiting in its queue and KV-cache use, which
-//! inform the pick next to fleetgate's own in-flight count (which cannot see other
-//! replicas' requests); and its prefix-cache hit rate, for the metrics.
+//! parsed by the vLLM client): requests running and waiting in its queue and KV-cache
+//! use, which inform the pick next to fleetgate's own in-flight count (which cannot see
+//! other replicas' requests) and tell when to hold requests at the gateway (`hold.rs`);
+//! and its prefix-cache hit rate, for the metrics.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -9,6 +10,7 @@ use crate::upstream::NodeLoad;
 
 /// The last load a node reported; zero until it has (or when its metrics are off).
 pub struct Reported {
+    running: AtomicU64,
     waiting: AtomicU64,
     /// KV-cache usage in thousandths.
     kv_permille: AtomicU32,
@@ -23,6 +25,7 @@ pub struct Reported {
 impl Default for Reported {
     fn default() -> Self {
         Self {
+            running: AtomicU64::new(0),
             waiting: AtomicU64::new(0),
             kv_permille: AtomicU32::new(0),
             prefix_queries: AtomicU64::new(0),
@@ -35,6 +38,7 @@ impl Default for Reported {
 impl Reported {
     /// Called by the node's probe, one reading after the other.
     pub fn set(&self, load: NodeLoad) {
+        self.running.store(load.running, Ordering::Relaxed);
         self.waiting.store(load.waiting, Ordering::Relaxed);
         let permille = (load.kv_cache_usage.clamp(0.0, 1.0) * 1000.0).round() as u32;
         self.kv_permille.store(permille, Ordering::Relaxed);
@@ -53,6 +57,10 @@ impl Reported {
             let rate = (hit as f64 / queried as f64).clamp(0.0, 1.0);
             self.hit_rate.store(rate.to_bits(), Ordering::Relaxed);
         }
+    }
+
+    pub fn running(&self) -> u64 {
+        self.running.load(Ordering::Relaxed)
     }
 
     pub fn waiting(&self) -> u64 {
@@ -79,11 +87,19 @@ mod tests {
     fn kv_usage_is_kept_in_thousandths_within_bounds() {
         let reported = Reported::default();
         reported.set(NodeLoad {
+            running: 3,
             waiting: 7,
             kv_cache_usage: 1.7,
             ..NodeLoad::default()
         });
-        assert_eq!((reported.waiting(), reported.kv_permille()), (7, 1000));
+        assert_eq!(
+            (
+                reported.running(),
+                reported.waiting(),
+                reported.kv_permille()
+            ),
+            (3, 7, 1000)
+        );
     }
 
     #[test]

@@ -4,9 +4,10 @@
 //! - Balancing: power of two choices among the nodes that are up and below their
 //!   `max_in_flight`, by in-flight count over weight; with `routing = "prefix"`, the
 //!   node that owns the prompt's prefix first (`prefix.rs`).
-//! - Capacity: when every node that is up is full, requests wait in a bounded per-model
-//!   queue (`fleet.queue_size`, `fleet.queue_timeout_ms`), then get 503; the next free
-//!   slot goes to the key served least for its share (`turns.rs`).
+//! - Capacity: when every node that is up is full (at its `max_in_flight`, or at the
+//!   limit learned once it reported requests waiting: `hold.rs`), requests wait in a
+//!   bounded per-model queue (`fleet.queue_size`, `fleet.queue_timeout_ms`), then get
+//!   503; the next free slot goes to the key served least for its share (`turns.rs`).
 //! - Nodes: `node.rs`; a model's pick and queue: `model.rs`.
 //! - Health: see `ejection.rs` (ejection, back-off) and `background::prober` (active probes).
 //! - Scale to zero: `sleep.rs` (a model's state and keep-warm policy) and `wake.rs`
@@ -20,6 +21,7 @@
 mod change;
 mod decode;
 mod ejection;
+mod hold;
 mod load;
 mod model;
 mod node;
@@ -31,6 +33,7 @@ mod wake;
 pub use change::{ModelChanges, NodeChange, NodeRef, Planned};
 pub use decode::DecodeRate;
 pub use ejection::{DownReason, Health};
+pub use hold::HELD_READING;
 pub use load::Reported;
 pub use model::{Model, NoNode, Taken};
 pub use node::{InFlight, Node};

@@ -1,20 +1,23 @@
-//! One vLLM node of a model: its address, weight and capacity, the requests in flight
-//! on it, its health (`ejection.rs`), the load it reports (`load.rs`) and what it serves.
+//! One vLLM node of a model: its address, weight and capacity (`max_in_flight`, or the
+//! limit learned from its load, `hold.rs`), the requests in flight on it, its health
+//! (`ejection.rs`), the load it reports (`load.rs`) and what it serves.
 
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::Instant;
 
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::decode::DecodeRate;
 use super::ejection::Health;
+use super::hold::{Hold, Reading};
 use super::load::Reported;
 use super::prefix;
 use crate::backoff::Backoff;
 use crate::config::UpstreamConfig;
 use crate::error::ApiError;
-use crate::upstream::{QUESTION_TIME, Served, UpstreamClient, UpstreamError};
+use crate::upstream::{NodeLoad, QUESTION_TIME, Served, UpstreamClient, UpstreamError};
 
 /// Prompts one gateway has a node's tokenizer count at once: counting runs on the
 /// node's API server, beside the requests it serves, so one key's batch of long text
@@ -39,6 +42,8 @@ pub struct Node {
     pub health: Health,
     /// What the node last reported about its own queue and KV cache.
     pub reported: Reported,
+    /// Without `max_in_flight`: the limit learned from what it reports.
+    hold: Hold,
     /// How fast a sequence decodes here, learned from its answers.
     pub decode: DecodeRate,
     /// The model's `freed`.
@@ -90,6 +95,7 @@ impl Node {
             in_flight: AtomicUsize::new(0),
             health: Health::new(backoff),
             reported: Reported::default(),
+            hold: Hold::default(),
             decode: DecodeRate::new(decode_guess),
             freed,
             served: RwLock::new(None),
@@ -115,9 +121,48 @@ impl Node {
         }
     }
 
-    /// Counts one more request in flight here, unless the node is at `max_in_flight`.
+    /// The most requests in flight here: `max_in_flight`, else the limit learned
+    /// (`hold.rs`), else [`UNLIMITED`].
+    fn limit(&self) -> usize {
+        match self.max_in_flight.load(Ordering::Relaxed) {
+            UNLIMITED => self.hold.limit().unwrap_or(UNLIMITED),
+            limit => limit,
+        }
+    }
+
+    /// The limit learned from the node's load that holds requests here now: `None`
+    /// while none is learned, or with `max_in_flight` set.
+    pub fn hold_limit(&self) -> Option<usize> {
+        self.max_in_flight()
+            .map_or_else(|| self.hold.limit(), |_| None)
+    }
+
+    /// Takes a reading of the node's `/metrics`: kept as what it reports, and, with
+    /// `learn` (`fleet.hold = "auto"`) on a node without `max_in_flight`, learned from
+    /// (`hold.rs`). When that lets more requests through, the model's waiting requests
+    /// look again.
+    pub fn observe(&self, load: NodeLoad, learn: bool) {
+        self.reported.set(load);
+        let rose = if learn && self.max_in_flight().is_none() {
+            let reading = Reading {
+                own: self.in_flight(),
+                running: load.running,
+                waiting: load.waiting,
+                kv_permille: self.reported.kv_permille(),
+            };
+            self.hold.observe(reading, Instant::now())
+        } else {
+            self.hold.forget()
+        };
+        if rose {
+            self.freed.notify_waiters();
+        }
+    }
+
+    /// Counts one more request in flight here, unless the node is at its limit
+    /// (`max_in_flight`, or the one learned).
     pub(super) fn try_start(self: &Arc<Self>) -> Option<InFlight> {
-        let limit = self.max_in_flight.load(Ordering::Relaxed);
+        let limit = self.limit();
         self.in_flight
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < limit).then_some(n + 1)
@@ -127,7 +172,7 @@ impl Node {
     }
 
     pub(super) fn has_room(&self) -> bool {
-        self.in_flight() < self.max_in_flight.load(Ordering::Relaxed)
+        self.in_flight() < self.limit()
     }
 
     pub fn in_flight(&self) -> usize {
@@ -139,8 +184,11 @@ impl Node {
         self.health.lost()
     }
 
-    /// The node came up again: wake the requests of its model waiting for one.
+    /// The node came up again: wake the requests of its model waiting for one. The
+    /// limit learned from its load before is forgotten (it may have restarted with
+    /// another batch size).
     pub fn announce_up(&self) {
+        self.hold.forget();
         self.freed.notify_waiters();
     }
 
@@ -208,21 +256,80 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::upstream::NodeLoad;
     use std::time::Duration;
 
     fn node(weight: u32) -> Arc<Node> {
+        node_with(weight, None, Arc::new(Notify::new()))
+    }
+
+    fn node_with(weight: u32, max_in_flight: Option<u32>, freed: Arc<Notify>) -> Arc<Node> {
         let config = UpstreamConfig {
             url: "http://127.0.0.1:1".into(),
             gpu: "g".into(),
             weight,
-            max_in_flight: None,
+            max_in_flight,
         };
         let backoff = Backoff {
             first: Duration::from_secs(1),
             max: Duration::from_secs(1),
         };
-        Node::new(&config, backoff, Arc::new(Notify::new()), 26.0)
+        Node::new(&config, backoff, freed, 26.0)
+    }
+
+    fn load(running: u64, waiting: u64) -> NodeLoad {
+        NodeLoad {
+            running,
+            waiting,
+            kv_cache_usage: 0.5,
+            ..NodeLoad::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_queueing_node_holds_what_it_cannot_run_and_wakes_waiters_when_it_can() {
+        let freed = Arc::new(Notify::new());
+        let node = node_with(1, None, Arc::clone(&freed));
+        let mut sent: Vec<_> = (0..6).map(|_| node.try_start().unwrap()).collect();
+        node.observe(load(6, 0), true);
+        assert!(node.has_room(), "nothing waiting: never held");
+        node.observe(load(4, 2), true);
+        assert_eq!(node.hold_limit(), Some(4));
+        assert!(!node.has_room() && node.try_start().is_none());
+        // Two finish, the two waiting run: at the limit.
+        sent.truncate(4);
+        assert!(!node.has_room());
+        // A calm reading at the limit lifts it, and wakes the waiting requests.
+        let woken = freed.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        node.observe(load(4, 0), true);
+        assert_eq!(node.hold_limit(), Some(5));
+        tokio::time::timeout(Duration::from_secs(1), woken)
+            .await
+            .unwrap();
+        assert!(node.try_start().is_some());
+    }
+
+    #[test]
+    fn max_in_flight_or_hold_off_learns_nothing() {
+        let freed = Arc::new(Notify::new());
+        let capped = node_with(1, Some(10), Arc::clone(&freed));
+        let _sent: Vec<_> = (0..6).map(|_| capped.try_start().unwrap()).collect();
+        capped.observe(load(4, 2), true);
+        assert_eq!(capped.hold_limit(), None);
+        assert!(capped.has_room(), "max_in_flight wins");
+        let off = node(1);
+        let _sent: Vec<_> = (0..6).map(|_| off.try_start().unwrap()).collect();
+        off.observe(load(4, 2), false);
+        assert_eq!(off.hold_limit(), None);
+        assert!(off.has_room());
+        // Learned, then turned off: forgotten.
+        let learned = node(1);
+        let _sent: Vec<_> = (0..6).map(|_| learned.try_start().unwrap()).collect();
+        learned.observe(load(4, 2), true);
+        assert_eq!(learned.hold_limit(), Some(4));
+        learned.observe(load(4, 2), false);
+        assert!(learned.has_room());
     }
 
     #[test]

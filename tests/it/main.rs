@@ -37,6 +37,7 @@ mod faults;
 mod fleet;
 mod gateway;
 mod health;
+mod hold;
 mod job_store;
 mod jobs;
 mod keys;

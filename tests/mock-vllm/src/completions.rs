@@ -1,5 +1,5 @@
-//! `POST /v1/completions`: failure modes, the gate, validation, generation, and the
-//! paced response body (stream or not).
+//! `POST /v1/completions`: failure modes, the gate, validation, a place in the batch,
+//! generation, and the paced response body (stream or not).
 
 use std::io;
 use std::sync::Arc;
@@ -55,6 +55,8 @@ pub(crate) async fn handle(State(shared): State<Arc<Shared>>, request: Request) 
             return e.into_response();
         }
     };
+    // Valid: into the engine, where it waits for a place in the batch.
+    guard.schedule().await;
     let prompts: Vec<&[u32]> = plan.prompts.iter().map(|p| p.ids.as_slice()).collect();
     shared.prefill(&prompts).await;
     match shared.failure() {

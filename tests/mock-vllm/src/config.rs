@@ -24,6 +24,12 @@ pub struct MockConfig {
     /// Prefill time per prompt token not found in the prefix cache, added before the
     /// first token; prefills run one at a time per node, like a GPU's. Zero: none.
     pub prefill_per_token: Duration,
+    /// `--max-num-seqs`: requests decoded at once (the batch). More wait their turn,
+    /// first come first served as vLLM's scheduler takes them, and are reported as
+    /// `vllm:num_requests_waiting`; the KV-cache usage is the share of the batch in use.
+    /// `None`: no limit, every request runs at once (and the KV-cache usage is a made-up
+    /// 1% per running request).
+    pub max_num_seqs: Option<u32>,
 }
 
 impl Default for MockConfig {
@@ -37,6 +43,7 @@ impl Default for MockConfig {
             token_delay: Duration::ZERO,
             prefix_cache_tokens: 0,
             prefill_per_token: Duration::ZERO,
+            max_num_seqs: None,
         }
     }
 }

@@ -187,7 +187,10 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     if shared.failure() == FailureMode::Endless {
         return endless(&shared);
     }
-    let running = shared.in_flight();
+    shared
+        .metrics_read
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let running = shared.running();
     let model = shared
         .config
         .served_model_name
@@ -195,8 +198,7 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         .replace('"', "\\\"")
         .replace('\n', "\\n");
     let labels = format!("{{engine=\"0\",model_name=\"{model}\"}}");
-    // A made-up but monotone KV-cache usage: 1% per running request.
-    let kv = (running.min(100) as f64) / 100.0;
+    let kv = shared.kv_cache_usage();
     let gauges = [
         (
             "vllm:num_requests_running",

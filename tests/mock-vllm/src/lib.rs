@@ -19,6 +19,12 @@
 //!   node; the uncached prompt tokens cost [`MockConfig::prefill_per_token`] each before
 //!   the first token (one prefill at a time; those waiting for it are
 //!   `vllm:num_requests_waiting`), and `/metrics` counts queries and hits.
+//! - Batch ([`MockConfig::max_num_seqs`], `--max-num-seqs`): at most that many requests
+//!   are decoded at once, each from its place in the batch until its response ends; the
+//!   others wait for one in arrival order. `/metrics` reports the batch as
+//!   `vllm:num_requests_running`, those waiting for a place (and for a prefill) as
+//!   `vllm:num_requests_waiting`, and `vllm:kv_cache_usage_perc` as running / N. Without
+//!   it, every request in flight runs and counts as running (1% of KV cache each).
 
 mod body;
 mod completions;

@@ -38,6 +38,10 @@ struct Args {
     /// Prefill time per prompt token not in the prefix cache, in microseconds.
     #[arg(long, default_value_t = 0)]
     prefill_us_per_token: u64,
+    /// Requests decoded at once; more wait (reported as vllm:num_requests_waiting).
+    /// Unlimited when not given.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    max_num_seqs: Option<u32>,
 }
 
 #[tokio::main]
@@ -56,6 +60,7 @@ async fn main() -> anyhow::Result<()> {
         token_delay: Duration::from_millis(args.token_delay_ms),
         prefix_cache_tokens: args.prefix_cache_tokens,
         prefill_per_token: Duration::from_micros(args.prefill_us_per_token),
+        max_num_seqs: args.max_num_seqs,
     };
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let mock = MockVllm::start_on(listener, config).await?;

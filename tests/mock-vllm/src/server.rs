@@ -57,10 +57,15 @@ impl MockVllm {
 
     /// Start on an already bound listener.
     pub async fn start_on(listener: TcpListener, config: MockConfig) -> io::Result<MockVllm> {
-        if config.vocab_size <= WORD_BASE || config.max_model_len == 0 {
+        if config.vocab_size <= WORD_BASE
+            || config.max_model_len == 0
+            || config.max_num_seqs == Some(0)
+        {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("mock-vllm needs vocab_size > {WORD_BASE} and max_model_len > 0"),
+                format!(
+                    "mock-vllm needs vocab_size > {WORD_BASE}, max_model_len > 0 and max_num_seqs > 0"
+                ),
             ));
         }
         let shared = Arc::new(Shared::new(config, ListenerControl::new(listener)?));
@@ -123,6 +128,26 @@ impl MockVllm {
     /// Number of /v1/completions requests currently in flight.
     pub fn in_flight(&self) -> usize {
         self.shared.in_flight()
+    }
+
+    /// `vllm:num_requests_running` now: the requests in the batch (with
+    /// [`MockConfig::max_num_seqs`]), else every one in flight.
+    pub fn running(&self) -> usize {
+        self.shared.running()
+    }
+
+    /// `vllm:num_requests_waiting` now: the requests waiting for a place in the batch
+    /// or for their prefill.
+    pub fn waiting(&self) -> usize {
+        self.shared.waiting()
+    }
+
+    /// `GET /metrics` requests answered so far (a reader that has seen `n` and then
+    /// `n + 2` has had one whole reading in between).
+    pub fn metrics_read(&self) -> usize {
+        self.shared
+            .metrics_read
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Wait until `in_flight() >= n`.

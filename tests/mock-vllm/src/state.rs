@@ -1,12 +1,12 @@
 //! State shared by the handlers and the [`MockVllm`](super::MockVllm) handle: the
-//! failure mode, the request log, the in-flight/cancelled counters, the gate and the
-//! prefix cache.
+//! failure mode, the request log, the in-flight/cancelled counters, the gate, the batch
+//! (`--max-num-seqs`) and the prefix cache.
 //! Counters and the gate are `watch` channels so waiters never poll.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::watch;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use super::config::{FailureMode, MockConfig, ReceivedRequest};
 use super::listener::ListenerControl;
@@ -25,8 +25,15 @@ pub(crate) struct Shared {
     pub started_secs: u64,
     /// Held while a prompt is prefilled: one prefill at a time.
     prefill: tokio::sync::Mutex<()>,
-    /// Requests waiting for the prefill: vLLM's `num_requests_waiting`.
+    /// Requests waiting for the prefill: part of vLLM's `num_requests_waiting`.
     prefill_queue: AtomicUsize,
+    /// With `max_num_seqs`: a place in the batch per request decoded at once (the
+    /// semaphore is fair: first come, first served).
+    batch: Option<Arc<Semaphore>>,
+    /// Requests waiting for a place in the batch: the rest of `num_requests_waiting`.
+    batch_queue: AtomicUsize,
+    /// `GET /metrics` requests answered.
+    pub metrics_read: AtomicUsize,
     failure: Mutex<FailureMode>,
     received: Mutex<Vec<ReceivedRequest>>,
     in_flight: watch::Sender<usize>,
@@ -45,6 +52,11 @@ impl Shared {
             prefix_cache: PrefixCache::new(config.prefix_cache_tokens),
             prefill: tokio::sync::Mutex::new(()),
             prefill_queue: AtomicUsize::new(0),
+            batch: config
+                .max_num_seqs
+                .map(|n| Arc::new(Semaphore::new(n as usize))),
+            batch_queue: AtomicUsize::new(0),
+            metrics_read: AtomicUsize::new(0),
             started_secs: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
@@ -128,9 +140,29 @@ impl Shared {
         }
     }
 
-    /// Requests waiting for their prefill to start.
+    /// Requests waiting for a place in the batch or for their prefill to start:
+    /// `vllm:num_requests_waiting`.
     pub fn waiting(&self) -> usize {
-        self.prefill_queue.load(Ordering::Relaxed)
+        self.batch_queue.load(Ordering::Relaxed) + self.prefill_queue.load(Ordering::Relaxed)
+    }
+
+    /// `vllm:num_requests_running`: the requests holding a place in the batch; without
+    /// `max_num_seqs`, every completion in flight.
+    pub fn running(&self) -> usize {
+        match (&self.batch, self.config.max_num_seqs) {
+            (Some(batch), Some(n)) => (n as usize).saturating_sub(batch.available_permits()),
+            _ => self.in_flight(),
+        }
+    }
+
+    /// `vllm:kv_cache_usage_perc`: with `max_num_seqs`, the share of the batch in use;
+    /// else a made-up but monotone 1% per running request.
+    pub fn kv_cache_usage(&self) -> f64 {
+        let running = self.running();
+        match self.config.max_num_seqs {
+            Some(n) => (running as f64 / f64::from(n)).min(1.0),
+            None => (running.min(100) as f64) / 100.0,
+        }
     }
 
     pub async fn gate_passed(&self) {
@@ -160,6 +192,8 @@ impl Drop for Counted<'_> {
 pub(crate) struct InFlight {
     shared: Arc<Shared>,
     finished: bool,
+    /// Its place in the batch, once it has one (with `max_num_seqs`).
+    scheduled: Option<OwnedSemaphorePermit>,
 }
 
 impl InFlight {
@@ -168,7 +202,20 @@ impl InFlight {
         Self {
             shared: Arc::clone(shared),
             finished: false,
+            scheduled: None,
         }
+    }
+
+    /// Waits for a place in the batch (with `max_num_seqs`), after the requests that
+    /// came before; it is held until the response ends or the client goes away.
+    pub async fn schedule(&mut self) {
+        let Some(batch) = &self.shared.batch else {
+            return;
+        };
+        let queued = Counted::new(&self.shared.batch_queue);
+        // The semaphore is never closed.
+        self.scheduled = Arc::clone(batch).acquire_owned().await.ok();
+        drop(queued);
     }
 
     /// The response was delivered in full (or cut on purpose by a failure mode).

@@ -839,3 +839,126 @@ async fn uncached_prompt_tokens_delay_the_first_token() {
     );
     mock.shutdown().await;
 }
+
+/// A gauge of the mock's `/metrics` (engine 0).
+async fn gauge(mock: &MockVllm, name: &str) -> f64 {
+    let text = metrics_text(&reqwest::Client::new(), &mock.url()).await;
+    text.lines()
+        .find(|line| line.starts_with(&format!("{name}{{")))
+        .and_then(|line| line.rsplit_once(' '))
+        .and_then(|(_, value)| value.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("{name} in {text}"))
+}
+
+/// `vllm:num_requests_running`, `vllm:num_requests_waiting` and
+/// `vllm:kv_cache_usage_perc`, as `/metrics` reports them.
+async fn batch_gauges(mock: &MockVllm) -> (f64, f64, f64) {
+    (
+        gauge(mock, "vllm:num_requests_running").await,
+        gauge(mock, "vllm:num_requests_waiting").await,
+        gauge(mock, "vllm:kv_cache_usage_perc").await,
+    )
+}
+
+/// Polls `/metrics` until `running + waiting` is `n` (the requests sent so far have
+/// reached the engine).
+async fn wait_scheduled(mock: &MockVllm, n: f64) {
+    within("scheduled", async {
+        loop {
+            let (running, waiting, _) = batch_gauges(mock).await;
+            if running + waiting == n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn max_num_seqs_runs_a_batch_and_queues_the_rest_in_arrival_order() {
+    // Each request decodes 100 tokens, 20 ms apart: ~2 s, long enough to send the
+    // next ones while the first run, even on a busy machine.
+    let mock = start(MockConfig {
+        max_num_seqs: Some(2),
+        token_delay: Duration::from_millis(20),
+        ..MockConfig::default()
+    })
+    .await;
+    assert_eq!(batch_gauges(&mock).await, (0.0, 0.0, 0.0));
+    // Sent one after the other, each once the one before is in the engine.
+    let mut requests = Vec::new();
+    for i in 0..4 {
+        let mock_ = mock.clone();
+        requests.push(tokio::spawn(async move {
+            complete_json(&mock_, json!({"prompt": "a", "max_tokens": 100})).await;
+            std::time::Instant::now()
+        }));
+        wait_scheduled(&mock, f64::from(i + 1)).await;
+    }
+    assert_eq!(
+        batch_gauges(&mock).await,
+        (2.0, 2.0, 1.0),
+        "two decode, two wait; the batch is full"
+    );
+    assert_eq!((mock.running(), mock.waiting()), (2, 2));
+    let mut done = Vec::new();
+    for request in requests {
+        done.push(within("answer", request).await.unwrap());
+    }
+    // The two that waited started when the first two ended.
+    assert!(
+        done[2].min(done[3]) > done[0].max(done[1]),
+        "the waiting ones finished after the running ones"
+    );
+    assert_eq!(batch_gauges(&mock).await, (0.0, 0.0, 0.0));
+    mock.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_request_waiting_for_the_batch_that_is_dropped_leaves_the_queue() {
+    let mock = start(MockConfig {
+        max_num_seqs: Some(1),
+        token_delay: Duration::from_millis(20),
+        ..MockConfig::default()
+    })
+    .await;
+    // ~4 s: it is dropped long before.
+    let stream = json!({"prompt": "a", "max_tokens": 200, "stream": true});
+    let running = post(&mock, "/v1/completions", &stream).await;
+    wait_scheduled(&mock, 1.0).await;
+    let waiting = tokio::spawn({
+        let mock = mock.clone();
+        async move { complete(&mock, json!({"prompt": "a", "max_tokens": 1})).await }
+    });
+    wait_scheduled(&mock, 2.0).await;
+    assert_eq!(batch_gauges(&mock).await, (1.0, 1.0, 1.0));
+    waiting.abort();
+    within("cancellation", mock.wait_cancelled(1)).await;
+    assert_eq!((mock.running(), mock.waiting()), (1, 0));
+    drop(running);
+    within("second cancellation", mock.wait_cancelled(2)).await;
+    assert_eq!(batch_gauges(&mock).await, (0.0, 0.0, 0.0));
+    mock.shutdown().await;
+}
+
+#[tokio::test]
+async fn without_max_num_seqs_every_request_runs() {
+    let mock = start(MockConfig::default()).await;
+    mock.close_gate();
+    let requests: Vec<_> = (0..3)
+        .map(|_| {
+            let mock = mock.clone();
+            tokio::spawn(
+                async move { complete(&mock, json!({"prompt": "a", "max_tokens": 2})).await },
+            )
+        })
+        .collect();
+    within("all in flight", mock.wait_in_flight(3)).await;
+    assert_eq!(batch_gauges(&mock).await, (3.0, 0.0, 0.03));
+    mock.open_gate();
+    for request in requests {
+        assert_eq!(within("answer", request).await.unwrap().0, 200);
+    }
+    mock.shutdown().await;
+}
