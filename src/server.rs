@@ -24,7 +24,7 @@ use crate::admission::{Limiter, UsageSource};
 
 use crate::background::job_workers::Workers;
 use crate::background::prober::Prober;
-use crate::background::{checkpoint_sweeper, job_upkeep, request_log_retention};
+use crate::background::{checkpoint_sweeper, job_upkeep, request_log_retention, service_exchange};
 use crate::config::{Config, LogFormat, TraceSettings};
 use crate::http::router::build_router;
 use crate::keys::KeyTable;
@@ -152,6 +152,7 @@ pub async fn serve(
     let keep_warm = tokio::spawn(probes.keep_warm());
     let sweeper = tokio::spawn(checkpoint_sweeper::run(state.clone()));
     let retention = tokio::spawn(request_log_retention::run(state.clone()));
+    let exchange = tokio::spawn(service_exchange::run(state.clone()));
     let stop_following = tokio_util::sync::CancellationToken::new();
     let keys = tokio::spawn(Arc::clone(state.keys()).follow(stop_following.clone()));
     let grace = Duration::from_millis(state.config().shutdown_grace_ms);
@@ -236,6 +237,7 @@ pub async fn serve(
     keep_warm.abort();
     sweeper.abort();
     retention.abort();
+    exchange.abort();
     if let Some(reloads) = reloads {
         reloads.abort();
     }

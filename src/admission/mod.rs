@@ -241,6 +241,19 @@ pub trait Limiter: Send + Sync + 'static {
     async fn ping(&self) -> Result<(), Denial> {
         Ok(())
     }
+
+    /// Adds `mine`, the service this replica counted for `model`'s keys since the last
+    /// exchange (key, weighted tokens over its share: the fleet queue's fair turns), to
+    /// what all replicas counted, and returns every key's total. `None` from a backend
+    /// of one process: there is no other replica to share with.
+    async fn exchange_service(
+        &self,
+        model: &str,
+        mine: &[(i64, f64)],
+    ) -> Result<Option<Vec<(i64, f64)>>, Denial> {
+        let _ = (model, mine);
+        Ok(None)
+    }
 }
 
 /// Where a limiter reads usage it has not counted itself (a new process, a Redis that

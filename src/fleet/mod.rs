@@ -39,7 +39,7 @@ pub use model::{Model, NoNode, Taken};
 pub use node::{InFlight, Node};
 pub use prefix::{Affinity, Decision, PromptStart};
 pub use sleep::Sleep;
-pub use turns::{Charge, Turn};
+pub use turns::{Charge, Counters, Turn};
 
 use crate::config::Config;
 use crate::error::{ApiError, excerpt};

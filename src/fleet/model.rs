@@ -15,7 +15,7 @@ use tokio::sync::{Notify, oneshot};
 use super::node::{InFlight, Node};
 use super::prefix::{self, Affinity, Balance, Decision, PromptStart, Seen};
 use super::sleep::Sleep;
-use super::turns::{Charge, Ticket, Turn, Turns};
+use super::turns::{Charge, Counters, Ticket, Turn, Turns};
 use crate::backoff::Backoff;
 use crate::config::{FleetSettings, ModelConfig, Routing};
 use crate::error::ApiError;
@@ -159,6 +159,11 @@ impl Model {
     /// Whether any node takes requests.
     pub fn is_up(&self) -> bool {
         self.up(&self.nodes.load()).next().is_some()
+    }
+
+    /// The service its keys have had, which orders its fleet queue (`turns.rs`).
+    pub fn service(&self) -> &Arc<Counters> {
+        self.turns.counters()
     }
 
     /// Requests waiting in the fleet queue now.

@@ -73,6 +73,12 @@ pub struct Counters(Mutex<Virtual>);
 #[derive(Default)]
 struct Virtual {
     by_key: HashMap<i64, f64>,
+    /// Service counted here since the last exchange with the other replicas.
+    unshared: HashMap<i64, f64>,
+    /// Each key's total over all replicas at the last exchange; empty before the first.
+    shared: HashMap<i64, f64>,
+    /// Whether service is exchanged with other replicas (else `unshared` stays empty).
+    sharing: bool,
     /// The counter of the key served last, after its charge: where a key returning
     /// while nobody waits starts.
     last: f64,
@@ -90,6 +96,48 @@ impl Counters {
     pub fn of(&self, key: i64) -> f64 {
         self.lock().counter(key)
     }
+
+    /// The service counted here since the last exchange, for the other replicas
+    /// (`background::service_exchange`); counted as exchanged from here on.
+    pub fn unshared(&self) -> Vec<(i64, f64)> {
+        let mut counters = self.lock();
+        let taken = std::mem::take(&mut counters.unshared);
+        taken
+            .into_iter()
+            .filter(|(_, amount)| *amount != 0.0)
+            .collect()
+    }
+
+    /// Puts back service that could not be exchanged, for the next exchange.
+    pub fn unshared_again(&self, mine: &[(i64, f64)]) {
+        let mut counters = self.lock();
+        for &(key, amount) in mine {
+            *counters.unshared.entry(key).or_insert(0.0) += amount;
+        }
+    }
+
+    /// Every key's service over all replicas (`totals`), after this replica added
+    /// `mine`: what the others counted since the last exchange is added to the keys'
+    /// counters, so a key that spreads its requests over replicas is counted whole on
+    /// each. The first exchange only notes where the totals stand: what was served
+    /// before this replica started is not charged again.
+    pub fn absorb(&self, mine: &[(i64, f64)], totals: &[(i64, f64)]) {
+        let mut counters = self.lock();
+        let first = !std::mem::replace(&mut counters.sharing, true);
+        let mine: HashMap<i64, f64> = mine.iter().copied().collect();
+        for &(key, total) in totals {
+            let before = counters.shared.insert(key, total);
+            if first {
+                continue;
+            }
+            let own = mine.get(&key).copied().unwrap_or(0.0);
+            // A total below what was seen: its hash expired while idle. Start again.
+            let others = (total - before.unwrap_or(0.0) - own).max(0.0);
+            if others > 0.0 {
+                *counters.by_key.entry(key).or_insert(0.0) += others;
+            }
+        }
+    }
 }
 
 impl Virtual {
@@ -105,9 +153,13 @@ impl Virtual {
 
     /// Charges `turn` as its request is given a node.
     fn charge(&mut self, turn: &Turn) {
+        let service = turn.service(turn.cost);
         let counter = self.by_key.entry(turn.key).or_insert(0.0);
-        *counter += turn.service(turn.cost);
+        *counter += service;
         self.last = *counter;
+        if self.sharing {
+            *self.unshared.entry(turn.key).or_insert(0.0) += service;
+        }
     }
 
     /// Forgets the counters at or below `floor` once there are many: a key whose
@@ -147,10 +199,14 @@ impl Charge {
 
     fn correct(&mut self, used: f64) {
         self.settled = true;
+        let unused = self.turn.service(self.turn.cost - used);
         let mut counters = self.counters.lock();
+        if counters.sharing {
+            *counters.unshared.entry(self.turn.key).or_insert(0.0) -= unused;
+        }
         // A forgotten counter was at the floor: nothing to correct.
         if let Some(counter) = counters.by_key.get_mut(&self.turn.key) {
-            *counter -= self.turn.service(self.turn.cost - used);
+            *counter -= unused;
         }
     }
 }
@@ -203,7 +259,6 @@ impl<W> Turns<W> {
     }
 
     /// The keys' counters.
-    #[cfg(test)]
     pub fn counters(&self) -> &Arc<Counters> {
         &self.counters
     }
@@ -463,6 +518,27 @@ mod tests {
         assert_eq!(queue.remove(tickets[1]), None, "already gone");
         assert_eq!(queue.in_order(), [tickets[0], tickets[2]]);
         assert_eq!(queue.what(tickets[2]), Some(&2));
+    }
+
+    #[test]
+    fn what_other_replicas_served_a_key_counts_here_and_history_does_not() {
+        let turns: Turns<()> = Turns::new(QueueOrder::Fair);
+        let counters = turns.counters();
+        assert!(counters.unshared().is_empty(), "nothing to share yet");
+        // The first exchange: 500 served before this replica started is not charged.
+        counters.absorb(&[], &[(1, 500.0)]);
+        assert_eq!(counters.of(1), 0.0);
+        turns.charge_now(turn(1, 1)).settle(10, 45);
+        let mine = counters.unshared();
+        assert_eq!(mine, [(1, 100.0)]);
+        // Another replica served the key 300 meanwhile.
+        counters.absorb(&mine, &[(1, 900.0)]);
+        assert_eq!(counters.of(1), 400.0);
+        // An exchange that failed keeps its part for the next.
+        turns.charge_now(turn(1, 1)).settle(10, 45);
+        let mine = counters.unshared();
+        counters.unshared_again(&mine);
+        assert_eq!(counters.unshared(), mine);
     }
 
     #[test]

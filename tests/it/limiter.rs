@@ -1194,6 +1194,27 @@ async fn authenticates_and_selects_its_database() {
     every_call_is_unavailable(&wrong, 1).await;
 }
 
+/// The fair queue's service counts: each replica adds what it served, and gets every
+/// key's total over all replicas back; with one process there is nothing to share.
+async fn replicas_share_their_service_counts(fixture: Fixture) {
+    let local = Fixture::local().limiter();
+    assert_eq!(
+        local.exchange_service("m", &[(1, 5.0)]).await.unwrap(),
+        None
+    );
+    let (a, b) = (fixture.limiter(), fixture.limiter());
+    let sorted = |mut totals: Vec<(i64, f64)>| {
+        totals.sort_by_key(|(key, _)| *key);
+        totals
+    };
+    let first = a.exchange_service("m", &[(1, 100.0), (2, 2.5)]).await;
+    assert_eq!(sorted(first.unwrap().unwrap()), [(1, 100.0), (2, 2.5)]);
+    let second = b.exchange_service("m", &[(1, 50.0)]).await;
+    assert_eq!(sorted(second.unwrap().unwrap()), [(1, 150.0), (2, 2.5)]);
+    let other_model = a.exchange_service("n", &[]).await;
+    assert_eq!(other_model.unwrap().unwrap(), []);
+}
+
 // ---------------------------------------------------------------------------------------
 // Instantiation
 // ---------------------------------------------------------------------------------------
@@ -1247,5 +1268,6 @@ limiter_tests! {
         leases_of_a_crashed_replica_expire,
         a_reservation_left_without_its_slot_set_is_set_aside,
         reservations_without_their_bookkeeping_are_counted,
+        replicas_share_their_service_counts,
     ],
 }

@@ -20,6 +20,7 @@
 //! | `P:{id}:qexp` | zset | waiting leases → lease expiry (µs) |
 //! | `P:{id}:rate` | string | GCRA theoretical arrival time (µs); expires when idle |
 //! | `P:{id}:used:YYYY-MM` | string | used tokens of the month; seeded from the ledger |
+//! | `P:service:<model>` | hash | key id → the service all replicas gave the key on the model's nodes, in weighted tokens over its share (the fair fleet queue's, exchanged every 250 ms; expires after an hour untouched) |
 //!
 //! Settled rows wait in a journal (`P:unwritten:<writer>`, see [`journal`]) until the
 //! ledger has them; those keys are shared by all API keys, so the layout is not one
@@ -88,6 +89,7 @@
 //!   miss it until the counter is next rebuilt.
 
 use rustc_hash::FxHashMap;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -613,7 +615,39 @@ impl Limiter for RedisLimiter {
             })
             .await
     }
+
+    async fn exchange_service(
+        &self,
+        model: &str,
+        mine: &[(i64, f64)],
+    ) -> Result<Option<Vec<(i64, f64)>>, Denial> {
+        let hash = format!("{}:service:{model}", self.prefix);
+        let (totals,): (HashMap<i64, f64>,) = self
+            .connections
+            .call("service", |mut c| async move {
+                let mut pipe = ::redis::pipe();
+                for (key, amount) in mine {
+                    pipe.cmd("HINCRBYFLOAT")
+                        .arg(&hash)
+                        .arg(key)
+                        .arg(amount)
+                        .ignore();
+                }
+                pipe.cmd("EXPIRE")
+                    .arg(&hash)
+                    .arg(SERVICE_TTL.as_secs())
+                    .ignore();
+                pipe.cmd("HGETALL").arg(&hash);
+                pipe.query_async(&mut c).await
+            })
+            .await?;
+        Ok(Some(totals.into_iter().collect()))
+    }
 }
+
+/// How long a model's service totals outlive the last exchange: a fleet idle for
+/// longer starts every key from nothing again.
+const SERVICE_TTL: Duration = Duration::from_secs(3600);
 
 /// The denial of a `RATE_LIMITED` or `QUEUE_FULL` reply.
 fn refusal(reply: &[i64]) -> Denial {
