@@ -98,6 +98,7 @@ async fn gateway(
         requests_per_minute: Some(i32::MAX as u32),
         max_concurrent: Some(1024),
         max_queued: Some(1024),
+        share: None,
     };
     state
         .store()

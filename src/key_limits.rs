@@ -2,10 +2,12 @@
 //! caller (the key service, and the store before it writes) goes through.
 //!
 //! The lower bounds are what admission needs (a rate or a concurrency of 0 would refuse
-//! every request). The upper bounds are what the store can hold: the three `u32` limits
-//! are `INTEGER` columns and the budget a `BIGINT` column in PostgreSQL; the SQLite schema
-//! keeps the same bounds (`CHECK … BETWEEN 1 AND 2147483647`, see
-//! `migrations/*/0002_limits_usage_log.sql`).
+//! every request; a share of 0 would never be served while others wait). The upper
+//! bounds are what the store can hold: the `u32` limits are `INTEGER` columns and the
+//! budget a `BIGINT` column in PostgreSQL; the SQLite schema keeps the same bounds
+//! (`CHECK … BETWEEN 1 AND 2147483647`, see `migrations/*/0002_limits_usage_log.sql`).
+//! `share` alone has a bound of its own, [`MAX_SHARE`], which both schemas' `CHECK` keep
+//! too (`migrations/*/0008_share.sql`).
 
 use std::fmt;
 
@@ -20,19 +22,27 @@ pub enum Limit {
     MaxConcurrent,
     /// Requests waiting beyond the running ones.
     MaxQueued,
+    /// The key's weight in its models' fleet queues.
+    Share,
 }
 
 /// The largest value of a `u32` limit: PostgreSQL's `INTEGER`.
 const INTEGER_MAX: u64 = i32::MAX as u64;
 /// The largest monthly budget: PostgreSQL's `BIGINT`.
 const BIGINT_MAX: u64 = i64::MAX as u64;
+/// The largest share. A share weighs one key's tokens against another's while both have
+/// work waiting for a node: at 1000 against 1 the small key already gets one token in
+/// 1001, so a larger weight is as good as unbounded, and a bound far below `INTEGER`
+/// keeps a typo (`10000000`) from passing unnoticed.
+pub const MAX_SHARE: u64 = 1000;
 
 impl Limit {
-    pub const ALL: [Self; 4] = [
+    pub const ALL: [Self; 5] = [
         Self::MonthlyBudget,
         Self::RequestsPerMinute,
         Self::MaxConcurrent,
         Self::MaxQueued,
+        Self::Share,
     ];
 
     /// The limit's field name, as in the admin API's bodies and in
@@ -43,6 +53,7 @@ impl Limit {
             Self::RequestsPerMinute => "requests_per_minute",
             Self::MaxConcurrent => "max_concurrent",
             Self::MaxQueued => "max_queued",
+            Self::Share => "share",
         }
     }
 
@@ -50,7 +61,7 @@ impl Limit {
     pub fn min(self) -> u64 {
         match self {
             Self::MonthlyBudget | Self::MaxQueued => 0,
-            Self::RequestsPerMinute | Self::MaxConcurrent => 1,
+            Self::RequestsPerMinute | Self::MaxConcurrent | Self::Share => 1,
         }
     }
 
@@ -59,6 +70,7 @@ impl Limit {
         match self {
             Self::MonthlyBudget => BIGINT_MAX,
             Self::RequestsPerMinute | Self::MaxConcurrent | Self::MaxQueued => INTEGER_MAX,
+            Self::Share => MAX_SHARE,
         }
     }
 
@@ -165,11 +177,12 @@ mod tests {
     use super::*;
 
     /// (limit, smallest, largest): the whole table.
-    const TABLE: [(Limit, i128, i128); 4] = [
+    const TABLE: [(Limit, i128, i128); 5] = [
         (Limit::MonthlyBudget, 0, i64::MAX as i128),
         (Limit::RequestsPerMinute, 1, i32::MAX as i128),
         (Limit::MaxConcurrent, 1, i32::MAX as i128),
         (Limit::MaxQueued, 0, i32::MAX as i128),
+        (Limit::Share, 1, 1000),
     ];
 
     #[test]
@@ -180,7 +193,8 @@ mod tests {
                 "monthly_budget",
                 "requests_per_minute",
                 "max_concurrent",
-                "max_queued"
+                "max_queued",
+                "share"
             ]
         );
         for (limit, min, max) in TABLE {
@@ -238,6 +252,19 @@ mod tests {
             err.requirement(),
             "must be between 0 and 2147483647 (got 3000000000)"
         );
+    }
+
+    #[test]
+    fn shares_are_1_to_1000() {
+        assert_eq!(
+            Limit::Share.check::<u32>(0_u32).unwrap_err().to_string(),
+            "share must be between 1 and 1000 (got 0)"
+        );
+        assert_eq!(
+            Limit::Share.check::<i32>(1001_u32).unwrap_err().to_string(),
+            "share must be between 1 and 1000 (got 1001)"
+        );
+        assert_eq!(Limit::Share.check::<i32>(1000_u32), Ok(1000));
     }
 
     #[test]

@@ -153,6 +153,45 @@ async fn keys_cli_and_serve_work_together() {
     assert_eq!(complete(&url, bob, body).await.status(), 200);
 }
 
+/// `--share` sets a key's share on `keys create` and `keys set` (`default`: back to the
+/// configured 1), and `keys list` and `keys usage` show it.
+#[test]
+fn the_share_round_trips_through_keys_create_set_list_and_usage() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "http://127.0.0.1:9");
+    let json = |args: &[&str]| -> serde_json::Value {
+        serde_json::from_slice(&fleetgate(&config, args).stdout).unwrap()
+    };
+    let share = |key: &serde_json::Value| {
+        (
+            key["limits"]["share"].clone(),
+            key["overrides"]["share"].clone(),
+        )
+    };
+
+    let plain = json(&["keys", "create", "--name", "plain", "--json"]);
+    assert_eq!(share(&plain), (1.into(), serde_json::Value::Null));
+    let heavy = json(&[
+        "keys", "create", "--name", "heavy", "--share", "5", "--json",
+    ]);
+    assert_eq!(share(&heavy), (5.into(), 5.into()));
+    let prefix = heavy["prefix"].as_str().unwrap();
+
+    let set = fleetgate(&config, &["keys", "set", prefix, "--share", "1000"]);
+    let set = String::from_utf8(set.stdout).unwrap();
+    assert!(set.contains("  share            1000 (own)"), "{set}");
+    let listed = json(&["keys", "list", "--json"]);
+    let listed = listed.as_array().unwrap();
+    assert_eq!(listed.len(), 2);
+    assert_eq!(share(&listed[1]), (1000.into(), 1000.into()));
+    let table = String::from_utf8(fleetgate(&config, &["keys", "list"]).stdout).unwrap();
+    assert!(table.lines().next().unwrap().contains(" SHARE "), "{table}");
+
+    fleetgate(&config, &["keys", "set", prefix, "--share", "default"]);
+    let usage = json(&["keys", "usage", prefix, "--json"]);
+    assert_eq!(share(&usage), (1.into(), serde_json::Value::Null));
+}
+
 /// A bad limit flag of `keys create` or `keys set`: a non-zero exit, before the store is
 /// opened, with an error naming the flag and the bounds; nothing created or changed.
 #[test]
@@ -168,7 +207,7 @@ fn a_bad_limit_flag_stops_keys_create_and_set_naming_the_flag() {
     let untouched = write_config(fresh.path(), "http://127.0.0.1:9");
     let create = ["keys", "create", "--name", "bad"];
     let set = ["keys", "set", prefix];
-    let cases: [(&[&str], &str, &str, &str); 8] = [
+    let cases: [(&[&str], &str, &str, &str); 10] = [
         (
             &create,
             "--max-queued",
@@ -216,6 +255,18 @@ fn a_bad_limit_flag_stops_keys_create_and_set_naming_the_flag() {
             "--rpm",
             "2147483648",
             "must be between 1 and 2147483647 (got 2147483648), or 'default'",
+        ),
+        (
+            &create,
+            "--share",
+            "0",
+            "must be between 1 and 1000 (got 0)",
+        ),
+        (
+            &set,
+            "--share",
+            "1001",
+            "must be between 1 and 1000 (got 1001), or 'default'",
         ),
     ];
     for (command, flag, value, requirement) in cases {

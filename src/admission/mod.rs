@@ -51,6 +51,10 @@ pub struct KeyLimits {
     pub max_concurrent: u32,
     /// Requests waiting for a running slot, beyond which `queue_full`.
     pub max_queued: u32,
+    /// The key's weight in its models' fleet queues: while the fleet is saturated, keys
+    /// with work waiting get node slots in proportion to their share, counted in tokens.
+    /// Not an admission limit: the limiter never reads it.
+    pub share: u32,
 }
 
 impl KeyLimits {
@@ -72,6 +76,7 @@ impl KeyLimits {
                 .unwrap_or(defaults.requests_per_minute),
             max_concurrent: own.max_concurrent.unwrap_or(defaults.max_concurrent),
             max_queued: own.max_queued.unwrap_or(defaults.max_queued),
+            share: own.share.unwrap_or(defaults.share),
         }
     }
 }

@@ -203,6 +203,11 @@ pub struct LimitDefaults {
     /// Requests waiting per key beyond the running ones; more get 429 `queue_full`.
     #[serde(default = "default_max_queued")]
     pub max_queued: u32,
+    /// A key's weight in its models' fleet queues (1 to 1000): while a model's nodes are
+    /// all busy, keys with work waiting get node slots in proportion to their share,
+    /// counted in tokens.
+    #[serde(default = "default_share")]
+    pub share: u32,
 }
 
 impl Default for LimitDefaults {
@@ -213,6 +218,7 @@ impl Default for LimitDefaults {
             requests_per_minute: default_rpm(),
             max_concurrent: default_max_concurrent(),
             max_queued: default_max_queued(),
+            share: default_share(),
         }
     }
 }
@@ -376,6 +382,9 @@ fn default_max_concurrent() -> u32 {
 }
 fn default_max_queued() -> u32 {
     64
+}
+fn default_share() -> u32 {
+    1
 }
 fn default_redis_key_prefix() -> String {
     "fleetgate".to_owned()

@@ -12,6 +12,7 @@ use super::schema::{
     WorkbenchSettings,
 };
 use crate::contract::LOGPROBS_LIMIT;
+use crate::key_limits::Limit;
 
 /// The most of a prompt's start that prefix routing hashes: 64 KiB.
 const MAX_PREFIX_BYTES: usize = 64 * 1024;
@@ -162,6 +163,10 @@ fn limits(limits: &LimitDefaults) -> Result<(), String> {
             "limits.requests_per_minute and limits.max_concurrent must be at least 1".into(),
         );
     }
+    // A key's own share is held to the same bounds (the key service's check).
+    Limit::Share
+        .check::<u32>(limits.share)
+        .map_err(|err| format!("limits.{err}"))?;
     Ok(())
 }
 
@@ -439,6 +444,27 @@ mod tests {
             refused("ops_listen = \"127.0.0.1:9090\"\nadmin_listen = \"127.0.0.1:9090\"").is_err()
         );
         assert!(refused("admin_listen = \"127.0.0.1:8090\"").is_ok());
+    }
+
+    #[test]
+    fn the_default_share_is_1_and_bounded_as_a_keys_own() {
+        let share = |keys| parse(&document("limits", keys, "")).unwrap().limits.share;
+        assert_eq!((share(""), share("share = 1000")), (1, 1000));
+        assert!(
+            parse(&document("limits", "share = 1000", ""))
+                .unwrap()
+                .validate()
+                .is_ok()
+        );
+        for (keys, got) in [("share = 0", 0), ("share = 1001", 1001)] {
+            let refused = refusal("limits", keys);
+            assert!(
+                refused.contains(&format!(
+                    "limits.share must be between 1 and 1000 (got {got})"
+                )),
+                "{refused}"
+            );
+        }
     }
 
     #[test]

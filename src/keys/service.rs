@@ -20,6 +20,7 @@ pub struct NewLimits {
     pub requests_per_minute: Option<LimitInput>,
     pub max_concurrent: Option<LimitInput>,
     pub max_queued: Option<LimitInput>,
+    pub share: Option<LimitInput>,
 }
 
 impl NewLimits {
@@ -36,6 +37,7 @@ impl NewLimits {
             requests_per_minute: check(Limit::RequestsPerMinute, &self.requests_per_minute)?,
             max_concurrent: check(Limit::MaxConcurrent, &self.max_concurrent)?,
             max_queued: check(Limit::MaxQueued, &self.max_queued)?,
+            share: check(Limit::Share, &self.share)?,
         })
     }
 }
@@ -49,6 +51,7 @@ pub struct LimitsChange {
     pub requests_per_minute: Option<Option<LimitInput>>,
     pub max_concurrent: Option<Option<LimitInput>>,
     pub max_queued: Option<Option<LimitInput>>,
+    pub share: Option<Option<LimitInput>>,
 }
 
 impl LimitsChange {
@@ -68,6 +71,7 @@ impl LimitsChange {
             requests_per_minute: check(Limit::RequestsPerMinute, &self.requests_per_minute)?,
             max_concurrent: check(Limit::MaxConcurrent, &self.max_concurrent)?,
             max_queued: check(Limit::MaxQueued, &self.max_queued)?,
+            share: check(Limit::Share, &self.share)?,
         })
     }
 }
@@ -219,6 +223,7 @@ mod tests {
             requests_per_minute: 600,
             max_concurrent: 16,
             max_queued: 64,
+            share: 1,
         }
     }
 
@@ -238,7 +243,7 @@ mod tests {
             .await
             .unwrap();
 
-        let bad: [(Limit, LimitInput, &str); 8] = [
+        let bad: [(Limit, LimitInput, &str); 11] = [
             (
                 Limit::MonthlyBudget,
                 LimitInput::Whole(i128::from(i64::MAX) + 1),
@@ -279,6 +284,21 @@ mod tests {
                 LimitInput::Other("1.5".to_owned()),
                 "max_queued must be a whole number between 0 and 2147483647 (got 1.5)",
             ),
+            (
+                Limit::Share,
+                LimitInput::Whole(0),
+                "share must be between 1 and 1000 (got 0)",
+            ),
+            (
+                Limit::Share,
+                LimitInput::Whole(1001),
+                "share must be between 1 and 1000 (got 1001)",
+            ),
+            (
+                Limit::Share,
+                LimitInput::Other("\"2\"".to_owned()),
+                "share must be a whole number between 1 and 1000 (got \"2\")",
+            ),
         ];
         for (limit, input, message) in bad {
             let mut new = NewLimits::default();
@@ -299,6 +319,10 @@ mod tests {
                 Limit::MaxQueued => {
                     new.max_queued = Some(input.clone());
                     change.max_queued = Some(Some(input.clone()));
+                }
+                Limit::Share => {
+                    new.share = Some(input.clone());
+                    change.share = Some(Some(input.clone()));
                 }
             }
             match keys.create("bad", None, &new).await {
@@ -332,6 +356,7 @@ mod tests {
             requests_per_minute: whole(1),
             max_concurrent: whole(i128::from(i32::MAX)),
             max_queued: whole(0),
+            share: whole(1000),
         };
         let issued = keys.create("edges", Some("e@x"), &edges).await.unwrap();
         assert!(issued.secret.expose().starts_with(&issued.record.prefix));
@@ -342,6 +367,7 @@ mod tests {
                 requests_per_minute: Some(1),
                 max_concurrent: Some(i32::MAX as u32),
                 max_queued: Some(0),
+                share: Some(1000),
             }
         );
         let id = issued.record.id.to_string();
@@ -358,12 +384,15 @@ mod tests {
         let change = LimitsChange {
             monthly_budget: Some(whole(500)),
             requests_per_minute: Some(None),
+            share: Some(None),
             ..LimitsChange::default()
         };
         let record = keys.set_limits(&id, &change).await.unwrap();
         assert_eq!(record.limits.monthly_budget, Some(500));
         assert_eq!(record.limits.requests_per_minute, None);
         assert_eq!(keys.limits(&record).requests_per_minute, 600);
+        assert_eq!(record.limits.share, None);
+        assert_eq!(keys.limits(&record).share, 1, "the default");
         assert_eq!(record.limits.max_queued, Some(0), "left as it was");
         assert!(matches!(
             keys.set_limits("12345", &change).await,

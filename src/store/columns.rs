@@ -58,6 +58,7 @@ pub(super) struct LimitColumns {
     pub(super) requests_per_minute: Option<i32>,
     pub(super) max_concurrent: Option<i32>,
     pub(super) max_queued: Option<i32>,
+    pub(super) share: Option<i32>,
 }
 
 impl LimitColumns {
@@ -76,6 +77,10 @@ impl LimitColumns {
                 .max_queued
                 .map(|v| limit_column(Limit::MaxQueued, v))
                 .transpose()?,
+            share: limits
+                .share
+                .map(|v| limit_column(Limit::Share, v))
+                .transpose()?,
         })
     }
 }
@@ -87,6 +92,7 @@ pub(super) struct UpdateColumns {
     pub(super) requests_per_minute: (bool, Option<i32>),
     pub(super) max_concurrent: (bool, Option<i32>),
     pub(super) max_queued: (bool, Option<i32>),
+    pub(super) share: (bool, Option<i32>),
 }
 
 impl UpdateColumns {
@@ -110,6 +116,7 @@ impl UpdateColumns {
                 limit_column(Limit::MaxConcurrent, v)
             })?,
             max_queued: change(update.max_queued, |v| limit_column(Limit::MaxQueued, v))?,
+            share: change(update.share, |v| limit_column(Limit::Share, v))?,
         })
     }
 }
@@ -240,6 +247,7 @@ where
                 requests_per_minute: limit("requests_per_minute")?,
                 max_concurrent: limit("max_concurrent")?,
                 max_queued: limit("max_queued")?,
+                share: limit("share")?,
             },
         })
     }
@@ -357,6 +365,10 @@ mod tests {
                 "max_queued must be between 0 and 2147483647 (got 3000000000)"
             ),
             other => panic!("expected Invalid, got {other:?}"),
+        }
+        assert_eq!(limit_column(Limit::Share, 1000).ok(), Some(1000));
+        for refused in [0, 1001] {
+            assert!(limit_column(Limit::Share, refused).is_err(), "{refused}");
         }
         assert_eq!(budget_column(i64::MAX as u64).ok(), Some(i64::MAX));
         assert!(budget_column(u64::MAX).is_err());

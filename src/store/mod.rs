@@ -19,7 +19,7 @@ use std::sync::Arc;
 macro_rules! key_columns {
     () => {
         "id, name, email, prefix, key_hash, created_at, revoked_at, \
-         monthly_budget_tokens, requests_per_minute, max_concurrent, max_queued"
+         monthly_budget_tokens, requests_per_minute, max_concurrent, max_queued, share"
     };
 }
 

@@ -36,16 +36,17 @@ pub type KeySignals = std::pin::Pin<Box<dyn futures_util::Stream<Item = ()> + Se
 
 /// A key's own limits; `None` means the configured default applies.
 ///
-/// Stored values are bounded as [`crate::key_limits::Limit`] says: `requests_per_minute` and
-/// `max_concurrent` at least 1, all three `u32` limits at most `i32::MAX` and the budget at
-/// most `i64::MAX` (PostgreSQL's `INTEGER`/`BIGINT`); the store refuses others with
-/// [`StoreError::Invalid`].
+/// Stored values are bounded as [`crate::key_limits::Limit`] says: `requests_per_minute`,
+/// `max_concurrent` and `share` at least 1, `share` at most 1000, the other `u32` limits
+/// at most `i32::MAX` and the budget at most `i64::MAX` (PostgreSQL's
+/// `INTEGER`/`BIGINT`); the store refuses others with [`StoreError::Invalid`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LimitOverrides {
     pub monthly_budget: Option<u64>,
     pub requests_per_minute: Option<u32>,
     pub max_concurrent: Option<u32>,
     pub max_queued: Option<u32>,
+    pub share: Option<u32>,
 }
 
 /// A change to a key's limit overrides. For each limit: `None` leaves it as it is,
@@ -56,6 +57,7 @@ pub struct LimitUpdate {
     pub requests_per_minute: Option<Option<u32>>,
     pub max_concurrent: Option<Option<u32>>,
     pub max_queued: Option<Option<u32>>,
+    pub share: Option<Option<u32>>,
 }
 
 impl LimitUpdate {

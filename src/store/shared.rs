@@ -51,8 +51,8 @@ macro_rules! impl_store {
                 let email = email.map(|email| text_column("email", email)).transpose()?;
                 sqlx::query_as(concat!(
                     "INSERT INTO api_keys (name, email, prefix, key_hash, created_at, ",
-                    "monthly_budget_tokens, requests_per_minute, max_concurrent, max_queued) ",
-                    "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING ",
+                    "monthly_budget_tokens, requests_per_minute, max_concurrent, max_queued, ",
+                    "share) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING ",
                     key_columns!()
                 ))
                 .bind(name)
@@ -64,6 +64,7 @@ macro_rules! impl_store {
                 .bind(limits.requests_per_minute)
                 .bind(limits.max_concurrent)
                 .bind(limits.max_queued)
+                .bind(limits.share)
                 .fetch_one(&self.pool)
                 .await
                 .map_err(|e| insert_error(e, &key.prefix))
@@ -155,8 +156,10 @@ macro_rules! impl_store {
                     "max_concurrent = CASE WHEN CAST($5 AS BOOLEAN) ",
                     "THEN CAST($6 AS INTEGER) ELSE max_concurrent END, ",
                     "max_queued = CASE WHEN CAST($7 AS BOOLEAN) ",
-                    "THEN CAST($8 AS INTEGER) ELSE max_queued END ",
-                    "WHERE id = $9 OR prefix = $10 RETURNING ",
+                    "THEN CAST($8 AS INTEGER) ELSE max_queued END, ",
+                    "share = CASE WHEN CAST($9 AS BOOLEAN) ",
+                    "THEN CAST($10 AS INTEGER) ELSE share END ",
+                    "WHERE id = $11 OR prefix = $12 RETURNING ",
                     key_columns!()
                 ))
                 .bind(update.monthly_budget.0)
@@ -167,6 +170,8 @@ macro_rules! impl_store {
                 .bind(update.max_concurrent.1)
                 .bind(update.max_queued.0)
                 .bind(update.max_queued.1)
+                .bind(update.share.0)
+                .bind(update.share.1)
                 .bind(id)
                 .bind(prefix)
                 .fetch_optional(&self.pool)

@@ -47,6 +47,8 @@ async fn keys_are_created_limited_inspected_and_revoked() {
         "defaults fill the rest"
     );
     assert_eq!(created["overrides"]["max_concurrent"], Value::Null);
+    assert_eq!(created["limits"]["share"], 1, "the default share");
+    assert_eq!(created["overrides"]["share"], Value::Null);
 
     // The new key works, within its budget.
     let body = json!({"model": MODEL, "prompt": [1, 2, 3, 4, 5], "max_tokens": 100}).to_string();
@@ -61,7 +63,7 @@ async fn keys_are_created_limited_inspected_and_revoked() {
         &gw,
         reqwest::Method::PATCH,
         &format!("/admin/keys/{prefix}/limits"),
-        Some(json!({"monthly_budget": null, "max_queued": 3})),
+        Some(json!({"monthly_budget": null, "max_queued": 3, "share": 4})),
     )
     .await;
     let patched: Value = patched.json().await.unwrap();
@@ -70,6 +72,18 @@ async fn keys_are_created_limited_inspected_and_revoked() {
         "null returns to the default"
     );
     assert_eq!(patched["overrides"]["max_queued"], 3);
+    assert_eq!(
+        (&patched["limits"]["share"], &patched["overrides"]["share"]),
+        (&json!(4), &json!(4))
+    );
+    let shown = call(
+        &gw,
+        reqwest::Method::GET,
+        &format!("/admin/keys/{prefix}"),
+        None,
+    )
+    .await;
+    assert_eq!(shown.json::<Value>().await.unwrap()["limits"]["share"], 4);
 
     let id = created["id"].as_i64().unwrap();
     gw.wait_occupancy(id, 0, 0).await;
@@ -85,6 +99,36 @@ async fn keys_are_created_limited_inspected_and_revoked() {
     .unwrap();
     assert_eq!(usage["used"], 50);
     assert_eq!(usage["max_queued"], 3);
+    assert_eq!(usage["share"], 4);
+    // The key sees its own share too.
+    let own: Value = gw
+        .client
+        .get(format!("{}/v1/usage", gw.url))
+        .bearer_auth(&secret)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!((&own["share"], &own["max_queued"]), (&json!(4), &json!(3)));
+
+    // null returns the share to the default.
+    let reset: Value = call(
+        &gw,
+        reqwest::Method::PATCH,
+        &format!("/admin/keys/{prefix}/limits"),
+        Some(json!({"share": null})),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(
+        (&reset["limits"]["share"], &reset["overrides"]["share"]),
+        (&json!(1), &Value::Null)
+    );
+    assert_eq!(reset["overrides"]["max_queued"], 3, "the others are kept");
 
     let listed: Value = call(&gw, reqwest::Method::GET, "/admin/keys", None)
         .await
@@ -154,11 +198,12 @@ async fn the_admin_api_needs_its_token_and_rejects_bad_input() {
 }
 
 /// `(field, smallest, largest)`: the bounds the store's columns hold.
-const BOUNDS: [(&str, i64, i64); 4] = [
+const BOUNDS: [(&str, i64, i64); 5] = [
     ("monthly_budget", 0, i64::MAX),
     ("requests_per_minute", 1, i32::MAX as i64),
     ("max_concurrent", 1, i32::MAX as i64),
     ("max_queued", 0, i32::MAX as i64),
+    ("share", 1, 1000),
 ];
 
 /// Every bad value of `field` with the message it must get: one below the smallest, one
@@ -241,7 +286,7 @@ async fn every_bad_limit_value_is_400_naming_the_field_on_create_and_patch() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 4 * 10 + 3 * 2);
+    assert_eq!(checked, 5 * 10 + 3 * 2);
     assert_eq!(get_json(&gw, &shown).await, before, "nothing changed");
     assert_eq!(
         get_json(&gw, "/admin/keys").await,
@@ -268,6 +313,30 @@ async fn patching_max_queued_to_3000000000_is_400_not_500() {
         "max_queued must be between 0 and 2147483647 (got 3000000000)",
     )
     .await;
+}
+
+#[tokio::test]
+async fn a_share_of_0_or_over_1000_is_400_naming_share() {
+    let gw = admin().await;
+    for (share, got) in [(json!(0), "0"), (json!(1001), "1001")] {
+        let message = format!("share must be between 1 and 1000 (got {got})");
+        let create = call(
+            &gw,
+            reqwest::Method::POST,
+            "/admin/keys",
+            Some(json!({"name": "weighty", "share": share.clone()})),
+        )
+        .await;
+        expect_invalid_limit(create, "share", &message).await;
+        let patch = call(
+            &gw,
+            reqwest::Method::PATCH,
+            "/admin/keys/1/limits",
+            Some(json!({"share": share})),
+        )
+        .await;
+        expect_invalid_limit(patch, "share", &message).await;
+    }
 }
 
 #[tokio::test]

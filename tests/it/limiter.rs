@@ -192,6 +192,7 @@ fn limits(
         requests_per_minute,
         max_concurrent,
         max_queued,
+        share: 1,
     }
 }
 

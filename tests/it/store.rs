@@ -24,6 +24,7 @@ const DEFAULTS: &LimitOverrides = &LimitOverrides {
     requests_per_minute: None,
     max_concurrent: None,
     max_queued: None,
+    share: None,
 };
 
 // ---------------------------------------------------------------------------------------
@@ -136,6 +137,7 @@ backend_tests! {
         migrations_are_idempotent,
         concurrent_first_connects,
         existing_keys_get_default_limits,
+        the_schema_holds_share_to_its_bounds,
     ],
 }
 
@@ -424,10 +426,27 @@ async fn key_feed_numbers_every_change_in_order(store: Arc<dyn Store>) {
         .unwrap();
     let feed = store.keys_changed_since(seen).await.unwrap();
     assert_eq!(records(&feed), std::slice::from_ref(&limited));
+    let seen = feed[0].seq;
+
+    // A change of share alone is a change too (the feed trigger watches its column).
+    let shared = store
+        .set_limits(
+            &a.prefix,
+            &LimitUpdate {
+                share: Some(Some(4)),
+                ..LimitUpdate::default()
+            },
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(shared.limits.share, Some(4));
+    let feed = store.keys_changed_since(seen).await.unwrap();
+    assert_eq!(records(&feed), std::slice::from_ref(&shared));
     // From the start: each key once, as it is now, in the order of its last change.
     assert_eq!(
         records(&store.keys_changed_since(0).await.unwrap()),
-        [revoked, limited]
+        [limited, shared]
     );
 }
 
@@ -544,7 +563,48 @@ const ALL_OWN: LimitOverrides = LimitOverrides {
     requests_per_minute: Some(5),
     max_concurrent: Some(2),
     max_queued: Some(0),
+    share: Some(2),
 };
+
+/// The `share` column's CHECK keeps the key service's bounds (1 to 1000) for a write
+/// that does not go through the store (an operator's SQL).
+async fn the_schema_holds_share_to_its_bounds(url: &str) {
+    let store = store::connect(url).await.unwrap();
+    let key = key_secret::generate();
+    store.create_key("k", None, &key, DEFAULTS).await.unwrap();
+    let update = "UPDATE api_keys SET share = $1 WHERE prefix = $2";
+    let set = |share: i32| {
+        let prefix = key.prefix.clone();
+        async move {
+            if url.starts_with("sqlite:") {
+                let options = sqlx::sqlite::SqliteConnectOptions::new().filename(sqlite_path(url));
+                let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+                let done = sqlx::query(update)
+                    .bind(share)
+                    .bind(prefix)
+                    .execute(&pool)
+                    .await;
+                pool.close().await;
+                done.map(|_| ())
+            } else {
+                let pool = sqlx::PgPool::connect(url).await.unwrap();
+                let done = sqlx::query(update)
+                    .bind(share)
+                    .bind(prefix)
+                    .execute(&pool)
+                    .await;
+                pool.close().await;
+                done.map(|_| ())
+            }
+        }
+    };
+    for refused in [0, -1, 1001] {
+        assert!(set(refused).await.is_err(), "share = {refused}");
+    }
+    set(1000).await.unwrap();
+    let record = store.key(&key.prefix).await.unwrap().unwrap();
+    assert_eq!(record.limits.share, Some(1000));
+}
 
 async fn create_with_limits(store: Arc<dyn Store>) {
     let plain = store
@@ -564,6 +624,7 @@ async fn create_with_limits(store: Arc<dyn Store>) {
         requests_per_minute: Some(i32::MAX as u32),
         max_concurrent: None,
         max_queued: Some(i32::MAX as u32),
+        share: Some(1000),
     };
     let big = store
         .create_key("big", None, &key_secret::generate(), &extremes)
@@ -575,6 +636,7 @@ async fn create_with_limits(store: Arc<dyn Store>) {
         requests_per_minute: Some(1),
         max_concurrent: Some(1),
         max_queued: Some(0),
+        share: Some(1),
     };
     let small = store
         .create_key("small", None, &key_secret::generate(), &zero)
@@ -624,6 +686,7 @@ async fn set_and_clear_limits(store: Arc<dyn Store>) {
         requests_per_minute: Some(Some(60)),
         max_concurrent: Some(Some(3)),
         max_queued: Some(Some(9)),
+        share: Some(Some(5)),
     };
     let updated = store
         .set_limits(&record.id.to_string(), &all)
@@ -635,6 +698,7 @@ async fn set_and_clear_limits(store: Arc<dyn Store>) {
         requests_per_minute: Some(60),
         max_concurrent: Some(3),
         max_queued: Some(9),
+        share: Some(5),
     };
     assert_eq!(updated.limits, expected);
 
@@ -647,12 +711,13 @@ async fn set_and_clear_limits(store: Arc<dyn Store>) {
         .unwrap();
     assert_eq!(same, updated);
 
-    // Back to the default for two of them; the others are kept.
+    // Back to the default for three of them; the others are kept.
     let clear = LimitUpdate {
         requests_per_minute: Some(None),
         max_queued: Some(None),
         max_concurrent: Some(Some(4)),
         monthly_budget: None,
+        share: Some(None),
     };
     let cleared = store
         .set_limits(&key.prefix, &clear)
@@ -666,6 +731,7 @@ async fn set_and_clear_limits(store: Arc<dyn Store>) {
             requests_per_minute: None,
             max_concurrent: Some(4),
             max_queued: None,
+            share: None,
         }
     );
     assert_eq!(store.key(&key.prefix).await.unwrap().unwrap(), cleared);
@@ -719,6 +785,14 @@ async fn invalid_limits_are_refused(store: Arc<dyn Store>) {
             monthly_budget: Some(i64::MAX as u64 + 1),
             ..LimitOverrides::default()
         },
+        LimitOverrides {
+            share: Some(0),
+            ..LimitOverrides::default()
+        },
+        LimitOverrides {
+            share: Some(1001),
+            ..LimitOverrides::default()
+        },
     ];
     for limits in &invalid {
         match store
@@ -739,6 +813,7 @@ async fn invalid_limits_are_refused(store: Arc<dyn Store>) {
             requests_per_minute: limits.requests_per_minute.map(Some),
             max_concurrent: limits.max_concurrent.map(Some),
             max_queued: limits.max_queued.map(Some),
+            share: limits.share.map(Some),
         };
         // Invalid even for a key that does not exist: the value is checked first.
         for target in [key.prefix.clone(), "404".to_owned()] {

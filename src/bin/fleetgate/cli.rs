@@ -40,6 +40,7 @@ pub fn flag(limit: Limit) -> &'static str {
         Limit::RequestsPerMinute => "--rpm",
         Limit::MaxConcurrent => "--max-concurrent",
         Limit::MaxQueued => "--max-queued",
+        Limit::Share => "--share",
     }
 }
 
@@ -138,8 +139,8 @@ pub async fn list_keys(
         return Ok(serde_json::Value::Array(list).to_string());
     }
     let mut out = format!(
-        "{:<6} {:<14} {:<8} {:<24} {:>14} {:>7} {:>6} {:>6}  {}",
-        "ID", "PREFIX", "STATE", "NAME", "BUDGET/MONTH", "RPM", "CONC", "QUEUE", "EMAIL"
+        "{:<6} {:<14} {:<8} {:<24} {:>14} {:>7} {:>6} {:>6} {:>5}  {}",
+        "ID", "PREFIX", "STATE", "NAME", "BUDGET/MONTH", "RPM", "CONC", "QUEUE", "SHARE", "EMAIL"
     );
     let mut any_own = false;
     for r in &records {
@@ -148,7 +149,7 @@ pub async fn list_keys(
         let eff = KeyLimits::resolve(defaults, &own);
         any_own |= own != LimitOverrides::default();
         out.push_str(&format!(
-            "\n{:<6} {:<14} {:<8} {:<24} {:>14} {:>7} {:>6} {:>6}  {}",
+            "\n{:<6} {:<14} {:<8} {:<24} {:>14} {:>7} {:>6} {:>6} {:>5}  {}",
             r.id,
             r.prefix,
             state,
@@ -157,6 +158,7 @@ pub async fn list_keys(
             marked(eff.requests_per_minute, own.requests_per_minute.is_some()),
             marked(eff.max_concurrent, own.max_concurrent.is_some()),
             marked(eff.max_queued, own.max_queued.is_some()),
+            marked(eff.share, own.share.is_some()),
             printable(r.email.as_deref().unwrap_or("-"))
         ));
     }
@@ -311,6 +313,7 @@ fn limits_table(own: &LimitOverrides, defaults: &LimitDefaults) -> String {
             eff.max_queued.to_string(),
             own.max_queued.is_some(),
         ),
+        ("share", eff.share.to_string(), own.share.is_some()),
     ]
     .iter()
     .map(|(label, value, is_own)| table_line(label, format!("{value} ({})", source(*is_own))))
@@ -322,7 +325,8 @@ fn limits_table(own: &LimitOverrides, defaults: &LimitDefaults) -> String {
 fn limits_inline(own: &LimitOverrides, defaults: &LimitDefaults) -> String {
     let eff = KeyLimits::resolve(defaults, own);
     format!(
-        "{} tokens/month ({}), {} requests/minute ({}), {} concurrent ({}), {} queued ({})",
+        "{} tokens/month ({}), {} requests/minute ({}), {} concurrent ({}), {} queued ({}), \
+         share {} ({})",
         eff.monthly_budget,
         source(own.monthly_budget.is_some()),
         eff.requests_per_minute,
@@ -331,6 +335,8 @@ fn limits_inline(own: &LimitOverrides, defaults: &LimitDefaults) -> String {
         source(own.max_concurrent.is_some()),
         eff.max_queued,
         source(own.max_queued.is_some()),
+        eff.share,
+        source(own.share.is_some()),
     )
 }
 
@@ -352,12 +358,14 @@ fn record_json(record: &KeyRecord, defaults: &LimitDefaults) -> serde_json::Valu
             "requests_per_minute": eff.requests_per_minute,
             "max_concurrent": eff.max_concurrent,
             "max_queued": eff.max_queued,
+            "share": eff.share,
         },
         "overrides": {
             "monthly_budget": own.monthly_budget,
             "requests_per_minute": own.requests_per_minute,
             "max_concurrent": own.max_concurrent,
             "max_queued": own.max_queued,
+            "share": own.share,
         },
     })
 }
@@ -403,6 +411,19 @@ mod tests {
             queued("3000000000").unwrap_err(),
             "must be between 0 and 2147483647 (got 3000000000)"
         );
+
+        let share = limit_arg(Limit::Share);
+        assert_eq!(share("1"), Ok(LimitInput::Whole(1)));
+        assert_eq!(share("1000"), Ok(LimitInput::Whole(1000)));
+        assert_eq!(
+            share("0").unwrap_err(),
+            "must be between 1 and 1000 (got 0)"
+        );
+        assert_eq!(
+            share("1001").unwrap_err(),
+            "must be between 1 and 1000 (got 1001)"
+        );
+        assert_eq!(limit_setting(Limit::Share)("default"), Ok(Setting::Default));
 
         assert_eq!(
             limit_setting(Limit::MonthlyBudget)("default"),
@@ -450,6 +471,7 @@ mod tests {
             requests_per_minute: 600,
             max_concurrent: 16,
             max_queued: 64,
+            share: 1,
         }
     }
 
@@ -460,6 +482,7 @@ mod tests {
         let defaults = defaults();
         let own = NewLimits {
             requests_per_minute: Some(LimitInput::Whole(5)),
+            share: Some(LimitInput::Whole(3)),
             ..NewLimits::default()
         };
 
@@ -472,6 +495,7 @@ mod tests {
             out.contains("5 requests/minute (own)") && out.contains("1000 tokens/month (default)"),
             "{out}"
         );
+        assert!(out.contains("share 3 (own)"), "{out}");
         let prefix = &secret[..fleetgate::key_secret::PREFIX_LEN];
         let record = store.key(prefix).await.unwrap().unwrap();
 
@@ -486,6 +510,8 @@ mod tests {
             json["overrides"]["requests_per_minute"],
             serde_json::Value::Null
         );
+        assert_eq!(json["limits"]["share"], 1);
+        assert_eq!(json["overrides"]["share"], serde_json::Value::Null);
 
         // Set a budget, drop the rate override.
         let update = LimitsChange {
@@ -496,6 +522,7 @@ mod tests {
         let out = set_limits(store, &defaults, prefix, &update).await.unwrap();
         assert!(out.contains("  monthly budget   500 tokens (own)"), "{out}");
         assert!(out.contains("  requests/minute  600 (default)"), "{out}");
+        assert!(out.contains("  share            3 (own)"), "{out}");
         assert!(
             set_limits(store, &defaults, "fg-nosuchkey", &update)
                 .await
@@ -513,6 +540,17 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "--max-queued must be between 0 and 2147483647 (got 3000000000)"
+        );
+        let bad = LimitsChange {
+            share: Some(Some(LimitInput::Whole(0))),
+            ..LimitsChange::default()
+        };
+        let err = set_limits(store, &defaults, prefix, &bad)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--share must be between 1 and 1000 (got 0)"
         );
 
         // Usage of this month from the ledger.
@@ -539,12 +577,19 @@ mod tests {
         assert_eq!(json["used_tokens"], 120);
         assert_eq!(json["remaining_tokens"], 380);
         assert_eq!(json["limits"]["monthly_budget"], 500);
+        assert_eq!(
+            (&json["limits"]["share"], &json["overrides"]["share"]),
+            (&json!(3), &json!(3))
+        );
         assert_eq!(json["month"], Month::now().to_string());
         assert!(key_usage(store, &defaults, "12345", false).await.is_err());
 
         let out = list_keys(store, &defaults, false).await.unwrap();
         let alice = out.lines().find(|l| l.contains("alice")).unwrap();
         assert!(alice.contains("500*") && alice.contains(" 600 "), "{out}");
+        assert!(alice.contains(" 3* "), "{out}");
+        let bob = out.lines().find(|l| l.contains("bob")).unwrap();
+        assert!(bob.ends_with("     1  -"), "the default share: {out}");
         assert!(out.contains("* the key's own limit"), "{out}");
     }
 

@@ -246,6 +246,11 @@ struct CreateLimits {
     /// Requests waiting beyond the running ones (0 or more).
     #[arg(long, value_name = "N", value_parser = cli::limit_arg(Limit::MaxQueued))]
     max_queued: Option<LimitInput>,
+    /// The key's weight in its models' fleet queues (1 to 1000): while a model's nodes
+    /// are all busy, keys with work waiting get node slots in proportion to their share,
+    /// counted in tokens.
+    #[arg(long, value_name = "N", value_parser = cli::limit_arg(Limit::Share))]
+    share: Option<LimitInput>,
 }
 
 /// The limit flags of `keys set`: at least one; each a value or `default`.
@@ -264,6 +269,9 @@ struct SetLimits {
     /// Requests waiting beyond the running ones (0 or more), or `default`.
     #[arg(long, value_name = "N|default", value_parser = cli::limit_setting(Limit::MaxQueued))]
     max_queued: Option<cli::Setting<LimitInput>>,
+    /// The key's weight in its models' fleet queues (1 to 1000), or `default`.
+    #[arg(long, value_name = "N|default", value_parser = cli::limit_setting(Limit::Share))]
+    share: Option<cli::Setting<LimitInput>>,
 }
 
 impl CreateLimits {
@@ -273,6 +281,7 @@ impl CreateLimits {
             requests_per_minute: self.rpm,
             max_concurrent: self.max_concurrent,
             max_queued: self.max_queued,
+            share: self.share,
         }
     }
 }
@@ -284,6 +293,7 @@ impl SetLimits {
             requests_per_minute: self.rpm.map(cli::Setting::into_option),
             max_concurrent: self.max_concurrent.map(cli::Setting::into_option),
             max_queued: self.max_queued.map(cli::Setting::into_option),
+            share: self.share.map(cli::Setting::into_option),
         }
     }
 }

@@ -80,6 +80,8 @@ pub struct LimitsView {
     requests_per_minute: u32,
     max_concurrent: u32,
     max_queued: u32,
+    /// The key's weight in its models' fleet queues.
+    share: u32,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -88,6 +90,7 @@ pub struct OverridesView {
     requests_per_minute: Option<u32>,
     max_concurrent: Option<u32>,
     max_queued: Option<u32>,
+    share: Option<u32>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -114,6 +117,11 @@ pub struct NewKeyRequest {
     max_concurrent: Option<JsonLimit>,
     #[schema(value_type = Option<u32>, minimum = 0, maximum = 2147483647)]
     max_queued: Option<JsonLimit>,
+    /// The key's weight in its models' fleet queues: while a model's nodes are all busy,
+    /// keys with work waiting get node slots in proportion to their share, counted in
+    /// tokens.
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 1000)]
+    share: Option<JsonLimit>,
 }
 
 /// A change of limits: a field left out stays as it is, `null` returns it to the
@@ -133,6 +141,12 @@ pub struct LimitsPatch {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<u32>, minimum = 0, maximum = 2147483647)]
     max_queued: Option<Option<JsonLimit>>,
+    /// The key's weight in its models' fleet queues: while a model's nodes are all busy,
+    /// keys with work waiting get node slots in proportion to their share, counted in
+    /// tokens.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 1000)]
+    share: Option<Option<JsonLimit>>,
 }
 
 /// A limit field of a body (not `null`, which the `Option` around it takes): any JSON
@@ -189,12 +203,14 @@ impl KeyView {
                 requests_per_minute: limits.requests_per_minute,
                 max_concurrent: limits.max_concurrent,
                 max_queued: limits.max_queued,
+                share: limits.share,
             },
             overrides: OverridesView {
                 monthly_budget: record.limits.monthly_budget,
                 requests_per_minute: record.limits.requests_per_minute,
                 max_concurrent: record.limits.max_concurrent,
                 max_queued: record.limits.max_queued,
+                share: record.limits.share,
             },
         }
     }
@@ -241,6 +257,7 @@ pub async fn create_key(
         requests_per_minute: input(new.requests_per_minute),
         max_concurrent: input(new.max_concurrent),
         max_queued: input(new.max_queued),
+        share: input(new.share),
     };
     let keys = key_service(&state);
     let issued = keys
@@ -313,6 +330,7 @@ pub async fn set_limits(
         requests_per_minute: change(patch.requests_per_minute),
         max_concurrent: change(patch.max_concurrent),
         max_queued: change(patch.max_queued),
+        share: change(patch.share),
     };
     let keys = key_service(&state);
     let record = keys.set_limits(&key, &limits).await.map_err(api_error)?;

@@ -32,6 +32,10 @@ pub struct KeyUsage {
     requests_per_minute: u32,
     max_concurrent: u32,
     max_queued: u32,
+    /// The key's weight in its models' fleet queues: while a model's nodes are all busy,
+    /// keys with work waiting get node slots in proportion to their share, counted in
+    /// tokens.
+    share: u32,
     /// Requests of this key running now.
     running: u32,
     /// Requests of this key waiting now.
@@ -86,6 +90,7 @@ pub async fn key_usage(
         requests_per_minute: limits.requests_per_minute,
         max_concurrent: limits.max_concurrent,
         max_queued: limits.max_queued,
+        share: limits.share,
         running,
         queued,
     })
