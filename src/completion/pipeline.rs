@@ -363,7 +363,7 @@ async fn prepare(
     let mut settlement = Settlement::new(
         state.clone(),
         key.id,
-        1,
+        limits.share,
         request_id.to_owned(),
         grant,
         &plan.cost,

@@ -9,6 +9,7 @@
 use std::time::{Duration, Instant};
 
 use crate::common::{Gateway, node};
+use fleetgate::store::LimitOverrides;
 use mock_vllm::MockConfig;
 use tokio::task::JoinHandle;
 
@@ -98,4 +99,55 @@ async fn in_arrival_order_they_wait_behind_the_backlog() {
         .await
         .expect("hung");
     assert_eq!(positions(&served, "light"), [9, 10], "{served:?}");
+}
+
+/// Two keys with shares 2 and 1 keep 12 requests each waiting behind the held slot:
+/// while both wait, the node runs two of the first key's for each of the second's.
+#[tokio::test]
+async fn backlogged_keys_are_served_in_proportion_to_their_shares() {
+    let served = tokio::time::timeout(Duration::from_secs(30), async {
+        let mock = node(MockConfig::default()).await;
+        let top_level = "[limits]\nrequests_per_minute = 1000000\n";
+        let gw =
+            Gateway::start_fleet(top_level, "", &[(&mock, "gpu-a", "max_in_flight = 1")]).await;
+        let backlogged = |share| LimitOverrides {
+            max_concurrent: Some(32),
+            max_queued: Some(32),
+            share: Some(share),
+            ..LimitOverrides::default()
+        };
+        let (_, double) = gw.create_key(backlogged(2)).await;
+        let (_, single) = gw.create_key(backlogged(1)).await;
+        gw.mock.close_gate();
+        let mut sent = vec![send(&gw, &single, LIGHT)];
+        gw.mock.wait_in_flight(1).await;
+        for queued in 1..=24 {
+            let (key, body) = if queued % 2 == 0 {
+                (&double, HEAVY)
+            } else {
+                (&single, LIGHT)
+            };
+            sent.push(send(&gw, key, body));
+            wait_queued(&gw, queued).await;
+        }
+        gw.mock.open_gate();
+        for request in sent {
+            assert_eq!(request.await.unwrap().unwrap().status(), 200);
+        }
+        gw.mock
+            .received()
+            .iter()
+            .filter(|r| r.path == "/v1/completions")
+            .map(|r| match r.json()["prompt"][0].as_u64() {
+                Some(7) => "single",
+                _ => "double",
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .expect("hung");
+    // The first 18 after the held one, while both keys still wait: 12 and 6.
+    let window = &served[1..19];
+    assert_eq!(positions(window, "double").len(), 12, "{served:?}");
+    assert_eq!(positions(window, "single").len(), 6, "{served:?}");
 }
