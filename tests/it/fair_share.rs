@@ -67,13 +67,19 @@ async fn served_after_a_backlog(order: &str) -> Vec<&'static str> {
     for request in sent {
         assert_eq!(request.await.unwrap().unwrap().status(), 200);
     }
+    served(&gw, ["light", "heavy"])
+}
+
+/// In the order the node ran them, the key each request was from: `names[0]` for the
+/// [`LIGHT`] prompt, `names[1]` for the [`HEAVY`] one.
+fn served(gw: &Gateway, names: [&'static str; 2]) -> Vec<&'static str> {
     gw.mock
         .received()
         .iter()
         .filter(|r| r.path == "/v1/completions")
         .map(|r| match r.json()["prompt"][0].as_u64() {
-            Some(7) => "light",
-            _ => "heavy",
+            Some(7) => names[0],
+            _ => names[1],
         })
         .collect()
 }
@@ -134,15 +140,7 @@ async fn backlogged_keys_are_served_in_proportion_to_their_shares() {
         for request in sent {
             assert_eq!(request.await.unwrap().unwrap().status(), 200);
         }
-        gw.mock
-            .received()
-            .iter()
-            .filter(|r| r.path == "/v1/completions")
-            .map(|r| match r.json()["prompt"][0].as_u64() {
-                Some(7) => "single",
-                _ => "double",
-            })
-            .collect::<Vec<_>>()
+        served(&gw, ["single", "double"])
     })
     .await
     .expect("hung");

@@ -413,36 +413,39 @@ async fn key_feed_numbers_every_change_in_order(store: Arc<dyn Store>) {
     assert_eq!(records(&feed), std::slice::from_ref(&revoked));
     let seen = feed[0].seq;
 
-    let limited = store
-        .set_limits(
+    // A change of any limit is a change, share's too (the feed trigger watches each
+    // column): (the key, the change).
+    let changes = [
+        (
             &b.prefix,
-            &LimitUpdate {
+            LimitUpdate {
                 max_concurrent: Some(Some(3)),
                 ..LimitUpdate::default()
             },
-        )
-        .await
-        .unwrap()
-        .unwrap();
-    let feed = store.keys_changed_since(seen).await.unwrap();
-    assert_eq!(records(&feed), std::slice::from_ref(&limited));
-    let seen = feed[0].seq;
-
-    // A change of share alone is a change too (the feed trigger watches its column).
-    let shared = store
-        .set_limits(
+        ),
+        (
             &a.prefix,
-            &LimitUpdate {
+            LimitUpdate {
                 share: Some(Some(4)),
                 ..LimitUpdate::default()
             },
-        )
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(shared.limits.share, Some(4));
-    let feed = store.keys_changed_since(seen).await.unwrap();
-    assert_eq!(records(&feed), std::slice::from_ref(&shared));
+        ),
+    ];
+    let mut changed = Vec::new();
+    let mut seen = seen;
+    for (prefix, update) in &changes {
+        let record = store.set_limits(prefix, update).await.unwrap().unwrap();
+        let feed = store.keys_changed_since(seen).await.unwrap();
+        assert_eq!(records(&feed), std::slice::from_ref(&record));
+        seen = feed[0].seq;
+        changed.push(record);
+    }
+    let [limited, shared] = <[_; 2]>::try_from(changed).unwrap();
+    assert_eq!(
+        (limited.limits.max_concurrent, shared.limits.share),
+        (Some(3), Some(4))
+    );
+
     // From the start: each key once, as it is now, in the order of its last change.
     assert_eq!(
         records(&store.keys_changed_since(0).await.unwrap()),

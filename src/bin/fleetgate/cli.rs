@@ -530,28 +530,26 @@ mod tests {
         );
         // A bad value reaching the service (the flag parser stops it first) is named by
         // its flag, and changes nothing.
-        let bad = LimitsChange {
+        let bad_queue = LimitsChange {
             max_queued: Some(Some(LimitInput::Whole(3_000_000_000))),
             ..LimitsChange::default()
         };
-        let err = set_limits(store, &defaults, prefix, &bad)
-            .await
-            .unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "--max-queued must be between 0 and 2147483647 (got 3000000000)"
-        );
-        let bad = LimitsChange {
+        let bad_share = LimitsChange {
             share: Some(Some(LimitInput::Whole(0))),
             ..LimitsChange::default()
         };
-        let err = set_limits(store, &defaults, prefix, &bad)
-            .await
-            .unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "--share must be between 1 and 1000 (got 0)"
-        );
+        for (bad, named) in [
+            (
+                bad_queue,
+                "--max-queued must be between 0 and 2147483647 (got 3000000000)",
+            ),
+            (bad_share, "--share must be between 1 and 1000 (got 0)"),
+        ] {
+            let err = set_limits(store, &defaults, prefix, &bad)
+                .await
+                .unwrap_err();
+            assert_eq!(err.to_string(), named);
+        }
 
         // Usage of this month from the ledger.
         store
