@@ -242,17 +242,16 @@ impl Model {
             model: self,
             ticket,
         };
-        // A slot may have come free since the look above.
-        self.hand_out();
         loop {
-            // Registered before looking, so a slot freed in between is not missed.
+            // Registered before handing out, so a slot freed in between is not missed.
             let freed = self.freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
+            self.hand_out();
             tokio::select! {
                 biased;
                 given = &mut taken => return given.unwrap_or(Err(NoNode::Busy)),
-                () = freed => self.hand_out(),
+                () = freed => {}
                 () = tokio::time::sleep_until(give_up.into()) => {
                     // Given a node as the time ran out: take it.
                     if place.leave() {
