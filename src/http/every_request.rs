@@ -1,25 +1,53 @@
-//! The one middleware every request of the main listener passes, outside-in:
+//! What runs around every request of the main listener: one middleware, outside-in:
 //! 1. its id ([`envelope::RequestId`]), given before anything else;
-//! 2. its span ([`request_span`]), which the rest runs in; with traces on, it continues
+//! 2. its span (`span_of`), which the rest runs in; with traces on, it continues
 //!    a client's `traceparent` only when the request shows a credential that holds
 //!    ([`auth::shows_credential`]): anybody else's sampled flag would make the gateway
 //!    export the traces of their noise, whatever `traces.sample_ratio` says. Their
 //!    requests start traces of their own, kept at `sample_ratio`;
-//! 3. its record ([`request_record`]), which sees each error's code and catches a panic
-//!    beneath it as a 500;
+//! 3. its record (`recorded`: the front door's part of `crate::request_record`), which
+//!    sees each error's code and catches a panic beneath it as a 500 (`caught`);
 //! 4. on the way out, the envelope renders the error (if any) with the id, and sets
 //!    `X-Request-Id`.
 //!
 //! One middleware rather than one a step: each `from_fn` layer boxes the future of the
 //! rest and moves the request (a few hundred bytes) once more, for every request.
+//!
+//! **The span** carries method, path and request id; never headers or bodies. Only the
+//! handler's future is instrumented, not the response body: tower-http's `TraceLayer`
+//! enters its span again for every frame of the body, which for a relayed stream is a
+//! registry look-up per SSE frame for nothing. The relay logs nothing while it streams,
+//! and the request's line, written when a stream's body ends, enters the span itself
+//! (the request record holds it until then). So the span, and with traces on the
+//! request's trace, still covers the whole answer.
+//!
+//! **The record**: every API request gets one, opened before the route runs and given
+//! the response's status and error code when it is ready.
+//!
+//! **A panic** while a request is handled is answered as a 500 `internal_error` (which
+//! the envelope renders with the request id), not with a dropped connection. The record
+//! catches it around everything beneath it, rather than tower-http's catch-panic layer:
+//! as a layer of its own that boxes every response body once more, one more layer for
+//! every frame of every stream to pass through. As with that layer, a panic while a
+//! body is being sent is not caught: the connection ends.
 
-use axum::extract::{Request, State};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::HeaderMap;
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
+use futures_util::FutureExt;
 use tracing::Instrument;
 
-use crate::http::{auth, envelope, request_record, request_span};
+use crate::contract::{Workload, X_ACS_WORKLOAD};
+use crate::error::{ApiError, ErrorBody};
+use crate::http::{auth, envelope};
+use crate::request_record::RequestRecord;
 use crate::state::AppState;
+use crate::traces;
 
 /// The W3C trace context header a client may send.
 const TRACEPARENT: &str = "traceparent";
@@ -43,12 +71,107 @@ pub async fn every_request(
     let follow_client = every.traced
         && request.headers().contains_key(TRACEPARENT)
         && auth::shows_credential(&every.state, request.headers());
-    let span = request_span::span_of(&request, &id.0, follow_client);
-    let response = request_record::recorded(&every.state, &id.0, request, next)
+    let span = span_of(&request, &id.0, follow_client);
+    let response = recorded(&every.state, &id.0, request, next)
         .instrument(span.clone())
         .await;
     if every.traced {
         span.record("status", i64::from(response.status().as_u16()));
     }
     envelope::enveloped(response, &id).await
+}
+
+/// The span of `request`, whose id is `request_id`. With traces on, the span is the root
+/// of the request's trace, or continues the client's `traceparent` when
+/// `follow_client` (only for an authenticated request, see [`every_request`]), and the
+/// status is recorded into it when the response is ready.
+///
+/// The key prefix is recorded into it once the key is known (see `auth`); the model
+/// (see the completion pipeline) and the status only when `traced`, since a field
+/// recorded later costs the log's formatter an allocation per request.
+fn span_of(request: &Request, request_id: &str, follow_client: bool) -> tracing::Span {
+    let span = tracing::info_span!(
+        "request",
+        method = %request.method(),
+        path = %request.uri().path(),
+        request_id,
+        key_prefix = tracing::field::Empty,
+        model = tracing::field::Empty,
+        status = tracing::field::Empty,
+    );
+    if follow_client {
+        traces::continue_trace(&span, request.headers());
+    }
+    span
+}
+
+/// `X-Acs-Workload` when it is one of the two known values; others are ignored.
+pub fn workload(headers: &HeaderMap) -> Option<Workload> {
+    headers
+        .get(X_ACS_WORKLOAD)
+        .and_then(|v| v.to_str().ok())
+        .and_then(Workload::parse)
+}
+
+/// Runs the rest of an API request under its record, opened here and released when the
+/// response is ready (a streaming body holds it on); inside the envelope, so it sees
+/// each error's code before the envelope renders it. A panic beneath it is answered
+/// (and recorded) as a 500 (`caught`).
+async fn recorded(
+    state: &AppState,
+    request_id: &str,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    // Only API requests are recorded: health probes, metric scrapes and the docs would
+    // drown the log (and the request metrics) in noise.
+    if !is_api_path(request.uri().path()) {
+        return caught(next.run(request)).await;
+    }
+    let workload = workload(request.headers());
+    let client_ip = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|info| info.0.ip());
+    let endpoint = request.uri().path().chars().take(256).collect();
+    let record = RequestRecord::open(state, request_id.to_owned(), endpoint, workload, client_ip);
+    request.extensions_mut().insert(record.clone());
+    let response = caught(next.run(request)).await;
+    let error_code = response.extensions().get::<ErrorBody>().map(|e| e.code);
+    record.set_outcome(response.status().as_u16(), error_code);
+    record.release();
+    response
+}
+
+fn is_api_path(path: &str) -> bool {
+    path.starts_with("/v1/") || path.starts_with("/admin/") || path == "/admin"
+}
+
+/// `answer`, or a 500 if it panics.
+async fn caught(answer: impl Future<Output = Response>) -> Response {
+    AssertUnwindSafe(answer)
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|_| ApiError::internal(anyhow::anyhow!("handler panicked")).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::StatusCode;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panic_is_answered_as_an_internal_error() {
+        let answer = caught(async { panic!("a bug") }).await;
+        assert_eq!(answer.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let code = answer.extensions().get::<ErrorBody>().map(|e| e.code);
+        assert_eq!(code, Some("internal_error"));
+    }
+
+    #[tokio::test]
+    async fn an_answer_passes_unchanged() {
+        let answer = caught(async { StatusCode::IM_A_TEAPOT.into_response() }).await;
+        assert_eq!(answer.status(), StatusCode::IM_A_TEAPOT);
+    }
 }
