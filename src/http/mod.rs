@@ -14,6 +14,5 @@ pub mod every_request;
 pub mod fallback;
 pub mod held;
 pub mod openapi;
-pub mod reading;
 pub mod router;
 pub mod routes;

@@ -42,10 +42,9 @@ use crate::contract::{
 };
 use crate::error::ApiError;
 use crate::http::auth::Caller;
-use crate::http::body::{read_limited, require_json};
+use crate::http::body::{Reading, read_limited, require_json};
 use crate::http::envelope::RequestId;
 use crate::http::every_request::workload;
-use crate::http::reading::Reading;
 use crate::jobs;
 use crate::request_record::RequestRecord;
 use crate::state::AppState;
