@@ -8,7 +8,6 @@
 pub mod auth;
 pub mod body;
 pub mod connections;
-pub mod envelope;
 mod error_response;
 pub mod every_request;
 pub mod fallback;

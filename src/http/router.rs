@@ -17,7 +17,7 @@ use crate::http::body::Reading;
 use crate::http::every_request::{self, EveryRequest};
 use crate::http::openapi::ApiDoc;
 use crate::http::routes::{admin, completions, harvest, models, ops, usage, workbench};
-use crate::http::{auth, envelope, fallback};
+use crate::http::{auth, fallback};
 use crate::state::AppState;
 
 /// Answers shorter than this go out uncompressed: a gzip stream's state (a few hundred
@@ -81,7 +81,7 @@ pub fn build_ops_router(state: AppState) -> Router {
         .route("/ready", get(ops::ready))
         .route("/live", get(ops::live))
         .fallback(fallback::not_found)
-        .layer(middleware::from_fn(envelope::envelope))
+        .layer(middleware::from_fn(every_request::envelope))
         .with_state(state)
 }
 

@@ -43,8 +43,7 @@ use crate::contract::{
 use crate::error::ApiError;
 use crate::http::auth::Caller;
 use crate::http::body::{Reading, read_limited, require_json};
-use crate::http::envelope::RequestId;
-use crate::http::every_request::workload;
+use crate::http::every_request::{RequestId, workload};
 use crate::jobs;
 use crate::request_record::RequestRecord;
 use crate::state::AppState;
