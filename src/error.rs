@@ -1,7 +1,7 @@
 //! The one public error type. Every error any route returns is an [`ApiError`]: its
 //! status, code, message and what it tells a client about retrying are decided here;
-//! the front door renders it (`http::error_response` and the `envelope` middleware,
-//! which owns the request id) as the OpenAI-shaped body `{"error":{…},"request_id":…}`
+//! the front door renders it (`http::error_response` and the envelope of
+//! `http::every_request`, which owns the request id) as the OpenAI-shaped body `{"error":{…},"request_id":…}`
 //! ([`ErrorBody::envelope_json`]). No handler builds error JSON by hand.
 
 use std::borrow::Cow;

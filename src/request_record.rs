@@ -2,7 +2,7 @@
 //! promises): who (key prefix, email, client IP), what (endpoint, model, workload), how
 //! it went (status, error code, tokens, latency) — never prompt or completion text.
 //!
-//! The front door opens a record for each API request (`http::request_record`), a job's
+//! The front door opens a record for each API request (`http::every_request`), a job's
 //! run opens one for each try; the stages fill in the rest as they learn it. A
 //! completion whose body is still streaming holds the record open: the row is written
 //! when the last holder lets go, so streams are logged with their final token counts
@@ -38,8 +38,9 @@ struct Open {
     authenticated: bool,
     log: RequestLog,
     metrics: Metrics,
-    /// The request's span (see `request_span`), entered to write the line: a stream's
-    /// row is written when its body ends, after the handler's span has been left.
+    /// The request's span (see `http::every_request`), entered to write the line: a
+    /// stream's row is written when its body ends, after the handler's span has been
+    /// left.
     span: tracing::Span,
 }
 

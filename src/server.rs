@@ -71,7 +71,7 @@ pub fn init_logging(format: LogFormat, traces: &TraceSettings) -> anyhow::Result
     let fmt = match format {
         LogFormat::Json => fmt.json().boxed(),
         LogFormat::Text => fmt
-            .fmt_fields(crate::wire::log_fields::LineFields)
+            .fmt_fields(crate::wire::log_line::LineFields)
             .event_format(crate::wire::log_line::LineFormat::default())
             .boxed(),
     };

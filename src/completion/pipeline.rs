@@ -105,7 +105,7 @@ pub async fn complete(
 ) -> Outcome {
     let Checked { request, model } = checked;
     if state.config().traces.enabled() {
-        // For the trace only (see `http::request_span`).
+        // For the trace only (see `http::every_request`).
         tracing::Span::current().record("model", model.id.as_str());
     }
     model

@@ -1,7 +1,7 @@
 //! An [`ApiError`] as a response: its status and the headers it tells a client by
 //! (`Retry-After`, `X-Should-Retry`, `X-Acs-Upstream-Error-Kind`), with its
-//! [`ErrorBody`](crate::error::ErrorBody) as an extension for the envelope middleware,
-//! which owns the request id, to render.
+//! [`ErrorBody`](crate::error::ErrorBody) as an extension for the envelope (in
+//! `every_request`), which owns the request id, to render.
 
 use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};

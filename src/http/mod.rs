@@ -1,22 +1,17 @@
 //! The front door: everything that speaks HTTP to clients. The connections
 //! (`connections`: accepted, capped, HTTP/1 or HTTP/2, time-outs), the router and its
-//! layers (`router`; the one middleware every request passes, `every_request`, and its
-//! steps: request id and envelope, span, request record, panics), authentication and
+//! layers (`router`; the one middleware every request passes, `every_request`: request
+//! id and envelope, span, request record, a panic answered), authentication and
 //! body reading, the OpenAPI document's frame (`openapi`), and the route handlers
 //! (`routes`). Below it, the completion core and the rest speak no HTTP to clients.
 
 pub mod auth;
 pub mod body;
 pub mod connections;
-pub mod envelope;
 mod error_response;
 pub mod every_request;
 pub mod fallback;
 pub mod held;
 pub mod openapi;
-pub mod panics;
-pub mod reading;
-pub mod request_record;
-pub mod request_span;
 pub mod router;
 pub mod routes;

@@ -13,11 +13,11 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use utoipa_swagger_ui::SwaggerUi;
 
+use crate::http::body::Reading;
 use crate::http::every_request::{self, EveryRequest};
 use crate::http::openapi::ApiDoc;
-use crate::http::reading::Reading;
 use crate::http::routes::{admin, completions, harvest, models, ops, usage, workbench};
-use crate::http::{auth, envelope, fallback};
+use crate::http::{auth, fallback};
 use crate::state::AppState;
 
 /// Answers shorter than this go out uncompressed: a gzip stream's state (a few hundred
@@ -81,7 +81,7 @@ pub fn build_ops_router(state: AppState) -> Router {
         .route("/ready", get(ops::ready))
         .route("/live", get(ops::live))
         .fallback(fallback::not_found)
-        .layer(middleware::from_fn(envelope::envelope))
+        .layer(middleware::from_fn(every_request::envelope))
         .with_state(state)
 }
 
@@ -155,7 +155,7 @@ fn guarded_admin(state: &AppState) -> Router<AppState> {
 }
 
 /// `routes` with the fallbacks and the one layer every request passes, and the bound on
-/// what each key's bodies hold while read (`reading.rs`).
+/// what each key's bodies hold while read (`body.rs`).
 fn served(routes: Router<AppState>, every: EveryRequest, state: AppState) -> Router {
     let reading = Reading::new(state.config().connections.reading_bytes_per_key);
     routes

@@ -6,14 +6,13 @@
 //! - `resp`: the RESP client the Redis limiter's scripts run on;
 //! - `sse_frame`: one SSE frame of a completion stream, its token fields read in one
 //!   pass (the stream meter's);
-//! - `log_line`, `log_fields`: a text log line, byte for byte what tracing-subscriber's
+//! - `log_line`: a text log line and its fields, byte for byte what tracing-subscriber's
 //!   default format writes.
 //!
 //! The coverage-guided fuzz targets (`fuzz/`) drive the SSE frame reader through the
 //! stream meter.
 
 pub(crate) mod h1;
-pub(crate) mod log_fields;
 pub(crate) mod log_line;
 pub(crate) mod resp;
 pub mod sse_frame;

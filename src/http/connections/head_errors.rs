@@ -28,7 +28,7 @@ use std::task::{Context, Poll, ready};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use crate::error::ApiError;
-use crate::http::envelope;
+use crate::http::every_request;
 
 /// The most a request head (start line and headers) may hold: 431 once this much of
 /// one has come without its end. hyper's default bound is its whole read buffer,
@@ -84,7 +84,7 @@ impl Replacement {
     /// status and headers as the router would give them, the length, `connection:
     /// close` (hyper closes the connection next) and hyper's date.
     fn new(answer: &BareAnswer<'_>, answer_len: usize) -> Self {
-        let (parts, body) = envelope::unrouted(answer.error());
+        let (parts, body) = every_request::unrouted(answer.error());
         let status = parts.status;
         let reason = status.canonical_reason().unwrap_or_default();
         let mut bytes = format!("{} {} {reason}", answer.version, status.as_str()).into_bytes();

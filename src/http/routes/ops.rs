@@ -21,7 +21,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::error::ApiError;
 use crate::fleet::Model;
-use crate::http::envelope::OwnBody;
+use crate::http::every_request::OwnBody;
 use crate::state::AppState;
 
 #[derive(Serialize, ToSchema)]
