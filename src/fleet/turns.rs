@@ -343,20 +343,11 @@ impl<W> Queue<'_, W> {
             // Each key's line behind its front, in the order of the fronts: whoever
             // comes after the first can only go when the first cannot.
             QueueOrder::Fair => {
-                let counters = self.turns.counters.lock();
-                let mut fronts: Vec<(f64, usize, u64, i64)> = self
-                    .waiting
-                    .keys
-                    .iter()
-                    .filter_map(|(&key, line)| {
-                        Some((counters.counter(key), line.len(), line.front()?.ticket, key))
-                    })
-                    .collect();
-                drop(counters);
-                fronts.sort_by(|a, b| a.0.total_cmp(&b.0).then((a.1, a.2).cmp(&(b.1, b.2))));
+                let mut fronts = self.fair_fronts();
+                fronts.sort_by(|a, b| in_turn(&a.0, &b.0));
                 fronts
                     .into_iter()
-                    .flat_map(|(.., key)| tickets(key, &self.waiting.keys[&key]))
+                    .flat_map(|(_, key)| tickets(key, &self.waiting.keys[&key]))
                     .collect()
             }
             QueueOrder::Arrival => {
@@ -379,17 +370,11 @@ impl<W> Queue<'_, W> {
     /// come often enough that this tilted two keys' shares to 56 : 44.)
     pub fn first(&self) -> Option<Ticket> {
         match self.turns.order {
-            QueueOrder::Fair => {
-                let counters = self.turns.counters.lock();
-                self.waiting
-                    .keys
-                    .iter()
-                    .filter_map(|(&key, line)| {
-                        Some((counters.counter(key), line.len(), line.front()?.ticket, key))
-                    })
-                    .min_by(|a, b| a.0.total_cmp(&b.0).then((a.1, a.2).cmp(&(b.1, b.2))))
-                    .map(|(_, _, number, key)| Ticket { key, number })
-            }
+            QueueOrder::Fair => self
+                .fair_fronts()
+                .into_iter()
+                .min_by(|a, b| in_turn(&a.0, &b.0))
+                .map(|((.., number), key)| Ticket { key, number }),
             QueueOrder::Arrival => self
                 .waiting
                 .keys
@@ -398,6 +383,22 @@ impl<W> Queue<'_, W> {
                 .min()
                 .map(|(number, key)| Ticket { key, number }),
         }
+    }
+
+    /// Each waiting key's rank in fair order, beside the key: its counter, how many it
+    /// has waiting, its front's ticket.
+    fn fair_fronts(&self) -> Vec<((f64, usize, u64), i64)> {
+        let counters = self.turns.counters.lock();
+        self.waiting
+            .keys
+            .iter()
+            .filter_map(|(&key, line)| {
+                Some((
+                    (counters.counter(key), line.len(), line.front()?.ticket),
+                    key,
+                ))
+            })
+            .collect()
     }
 
     /// What the waiter of `ticket` holds.
@@ -432,6 +433,12 @@ impl<W> Queue<'_, W> {
         }
         place
     }
+}
+
+/// Fair order between two keys' ranks ([`Queue::first`]): the lesser counter, then
+/// fewer waiting, then the earlier front.
+fn in_turn(a: &(f64, usize, u64), b: &(f64, usize, u64)) -> std::cmp::Ordering {
+    a.0.total_cmp(&b.0).then((a.1, a.2).cmp(&(b.1, b.2)))
 }
 
 #[cfg(test)]
