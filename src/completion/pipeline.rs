@@ -19,7 +19,7 @@ use super::outcome::{Answer, Clamp, Completed, Failed, Outcome, Tags};
 use super::outgoing::Outgoing;
 use super::plan::{DeadlineFit, Plan, PlanError, Planner};
 use super::request::CompletionRequest;
-use super::settle::Settlement;
+use super::settle::{JobRun, Settlement};
 use crate::admission::{Cost, KeyLimits};
 use crate::contract::{MAX_OUTPUT_WORK, Workload};
 use crate::error::ApiError;
@@ -35,9 +35,9 @@ pub struct Mode<'a> {
     /// How long a non-streaming request may take upstream (`None`: no limit).
     pub window: Option<Duration>,
     /// The job this is a run of: its usage is recorded under the job's id (so that a job
-    /// is charged once, whichever of its runs settles), and it does not count against
-    /// the key's rate (the submission did).
-    pub job: Option<&'a str>,
+    /// is charged once, for the run that ends it; see [`JobRun`]), and it does not count
+    /// against the key's rate (the submission did).
+    pub job: Option<&'a JobRun>,
     /// Whether a budget clamp runs or is refused (`X-Acs-Budget-Clamp`).
     pub on_budget_clamp: OnBudgetClamp,
     /// What the request is for, as declared (`X-Acs-Workload`): interactive traffic
@@ -371,7 +371,7 @@ async fn prepare(
         record,
     );
     if let Some(job) = mode.job {
-        settlement.charge_as(job.to_owned());
+        settlement.charge_as(job.clone());
     }
     let applied = settlement.grant().max_tokens;
     let budget_clamped = applied < plan.cost.max_tokens;

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker, ready};
 use std::time::{Duration, Instant};
 
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::admission::renewals::Renewal;
@@ -64,8 +65,24 @@ pub struct Settlement {
     /// When the request was sent to its node (with `in_flight`).
     sent: Option<Instant>,
     settled: bool,
-    /// The usage row's id, when not the lease (see [`Settlement::charge_as`]).
-    usage_id: Option<String>,
+    /// The job this is a run of, if it is one (see [`Settlement::charge_as`]).
+    job: Option<JobRun>,
+}
+
+/// A run of a job, as its settlement charges it.
+#[derive(Debug, Clone)]
+pub struct JobRun {
+    /// The job's id: every run of the job records its usage under it, so that the ledger
+    /// (one row per id) charges a job once.
+    pub id: String,
+    /// Cancelled when the run stops without ending its job: cut by a shutdown (the job is
+    /// queued again) or its lease lost (another worker has it). Such a run is charged
+    /// nothing, in the live counters as in the ledger: a job is charged for the run that
+    /// ends it (its end replaces whatever is under its id with a succeeded run's charge),
+    /// so what the counters took for this run would be counted there alone, over the
+    /// ledger, until they are next rebuilt from it. Its reservation was held while it
+    /// ran: the budget was never exceeded meanwhile.
+    pub superseded: CancellationToken,
 }
 
 impl Settlement {
@@ -109,14 +126,14 @@ impl Settlement {
             meter: Meter::json(),
             charged: true,
             settled: false,
-            usage_id: None,
+            job: None,
         }
     }
 
-    /// Records the usage under `id` rather than the lease: a job's id, the same for
-    /// every run of it, so that the ledger (one row per id) charges a job once.
-    pub fn charge_as(&mut self, id: String) {
-        self.usage_id = Some(id);
+    /// Charges the request as a run of a job: under the job's id rather than the lease,
+    /// and nothing once the run is superseded.
+    pub fn charge_as(&mut self, job: JobRun) {
+        self.job = Some(job);
     }
 
     /// The request's metadata row.
@@ -227,10 +244,16 @@ impl Settlement {
         } else {
             self.learn_speed(reported);
         }
-        // Corrected before the slot comes free: whoever it goes to is chosen by it.
+        // Corrected before the slot comes free: whoever it goes to is chosen by it. The
+        // fleet's turns count the work the node did, charged to the key or not.
         if let Some(charge) = self.charge.take() {
             charge.settle(prompt_tokens, completion_tokens);
         }
+        let job = self.job.take();
+        let (prompt_tokens, completion_tokens) = match &job {
+            Some(job) if job.superseded.is_cancelled() => (0, 0),
+            _ => (prompt_tokens, completion_tokens),
+        };
         self.in_flight = None;
         self.running = None;
         self.record.set_tokens(prompt_tokens, completion_tokens);
@@ -238,7 +261,13 @@ impl Settlement {
         let state = self.state.clone();
         let limiter: Arc<dyn Limiter> = state.limiter_handle();
         let (key, lease, grant) = (self.key, self.lease.clone(), self.grant.clone());
-        let usage_id = self.usage_id.take().unwrap_or_else(|| lease.clone());
+        // Every run of a job records under the job's id, and the ledger keeps the first
+        // row under an id (until the job's end replaces it with a succeeded run's charge).
+        // A run that charged nothing (refused before a node had it, or superseded) records
+        // no row, so that the row kept is the one of the run that ended the job: what the
+        // counters were given for it.
+        let recorded = job.is_none() || prompt_tokens + completion_tokens > 0;
+        let usage_id = job.map_or_else(|| lease.clone(), |job| job.id);
         let mut settling: SettlingFuture = Box::pin(async move {
             let row = UsageRow {
                 key_id: key,
@@ -248,7 +277,9 @@ impl Settlement {
                 completion_tokens,
                 created_at: now_unix(),
             };
-            state.ledger().record(row.clone());
+            if recorded {
+                state.ledger().record(row.clone());
+            }
             if let Err(err) = limiter.settle(key, &lease, &grant, &row).await {
                 tracing::warn!(error = %err, request_id = %lease, "could not settle the live counters; retrying until they are");
                 state

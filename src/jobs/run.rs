@@ -14,7 +14,8 @@
 //! - a lost lease (this worker was too slow to renew it, and another took the job over)
 //!   stops it; the other worker's run is the job's.
 //!
-//! Every run settles its usage under the job's id, so the ledger charges a job once.
+//! Every run settles its usage under the job's id, so the ledger charges a job once; a
+//! run cut or stopped by a lost lease is charged nothing (see [`JobRun`]).
 
 use std::time::Duration;
 
@@ -32,6 +33,7 @@ use crate::completion::dispatch::stopped_answering;
 use crate::completion::outcome::{Answer, BootEvent, Booting, Completed, Failed, Outcome};
 use crate::completion::pipeline::{self, Checked, Mode};
 use crate::completion::relay::RelayedBody;
+use crate::completion::settle::JobRun;
 use crate::contract::Workload;
 use crate::error::ApiError;
 use crate::request_record::RequestRecord;
@@ -86,7 +88,11 @@ pub async fn run(
     } else if job.attempts > i64::from(state.config().jobs.max_attempts) {
         Stop::Answered(abandoned(job.attempts - 1))
     } else {
-        supervise(&state, &job, &cancel, &cut).await
+        let job_run = JobRun {
+            id: job.id.clone(),
+            superseded: CancellationToken::new(),
+        };
+        supervise(&state, &job, &job_run, &cancel, &cut).await
     };
     hub.not_running_here(&job.id, job.attempts);
     conclude(&state, &job, stop, &cut).await;
@@ -96,13 +102,14 @@ pub async fn run(
 async fn supervise(
     state: &AppState,
     job: &JobRow,
+    job_run: &JobRun,
     cancel: &CancellationToken,
     cut: &CancellationToken,
 ) -> Stop {
     let settings = &state.config().jobs;
     let lease_ms = i64::try_from(settings.lease_ms).unwrap_or(i64::MAX);
     let renew_every = (Duration::from_millis(settings.lease_ms) / 3).min(MAX_RENEW_EVERY);
-    let answer = attempt(state, job);
+    let answer = attempt(state, job, job_run);
     tokio::pin!(answer);
     let mut renewals = tokio::time::interval(renew_every);
     renewals.tick().await;
@@ -111,37 +118,46 @@ async fn supervise(
     // over, and two runs must not overlap.
     let mut held_until = job.lease_until_ms.unwrap_or(0);
     let margin = lease_ms / 3;
-    loop {
+    let stop = loop {
         tokio::select! {
-            answer = &mut answer => return Stop::Answered(answer),
-            () = cancel.cancelled() => return Stop::Cancelled,
-            () = cut.cancelled() => return Stop::Cut,
+            // An answer that is there ends the job, whatever came meanwhile: its run has
+            // been settled as the job's.
+            biased;
+            answer = &mut answer => break Stop::Answered(answer),
+            () = cancel.cancelled() => break Stop::Cancelled,
+            () = cut.cancelled() => break Stop::Cut,
             _ = renewals.tick() => {
                 let until = now_unix_ms().saturating_add(lease_ms);
                 match state.store().jobs().renew(&job.id, job.attempts, until).await {
                     Ok(Some(false)) => held_until = until,
-                    Ok(Some(true)) => return Stop::Cancelled,
-                    Ok(None) => return Stop::Lost,
+                    Ok(Some(true)) => break Stop::Cancelled,
+                    Ok(None) => break Stop::Lost,
                     Err(err) if now_unix_ms() >= held_until.saturating_sub(margin) => {
                         tracing::warn!(job_id = %job.id, error = %err, "could not renew a job's lease before it lapses; stopping its run");
-                        return Stop::Lost;
+                        break Stop::Lost;
                     }
                     // The lease still runs; the next renewal tries again.
                     Err(err) => tracing::warn!(job_id = %job.id, error = %err, "could not renew a job's lease"),
                 }
             }
         }
+    };
+    // Before the run is dropped, and so settled: one that does not end its job is
+    // charged nothing.
+    if matches!(stop, Stop::Cut | Stop::Lost) {
+        job_run.superseded.cancel();
     }
+    stop
 }
 
 /// The run proper: a key at its slots or rate waits here (the same attempt) and tries
 /// again, each try a request of its own (`{job id}.{attempt}.{try}`).
-async fn attempt(state: &AppState, job: &JobRow) -> Answered {
+async fn attempt(state: &AppState, job: &JobRow, job_run: &JobRun) -> Answered {
     let mut tries = 0_u32;
     loop {
         tries += 1;
         let request_id = format!("{}.{}.{tries}", job.id, job.attempts);
-        let answered = answer(state, job, &request_id).await;
+        let answered = answer(state, job, job_run, &request_id).await;
         match &answered {
             Answered::Failed {
                 error: error @ (ApiError::QueueFull { .. } | ApiError::RateLimited { .. }),
@@ -153,7 +169,7 @@ async fn attempt(state: &AppState, job: &JobRow) -> Answered {
 }
 
 /// Runs the stored request once as `request_id`.
-async fn answer(state: &AppState, job: &JobRow, request_id: &str) -> Answered {
+async fn answer(state: &AppState, job: &JobRow, job_run: &JobRun, request_id: &str) -> Answered {
     let Some(body) = job.request.as_deref() else {
         // Content goes only after a job ends; a running job always has its request.
         tracing::error!(job_id = %job.id, "a running job has no request");
@@ -175,7 +191,7 @@ async fn answer(state: &AppState, job: &JobRow, request_id: &str) -> Answered {
     record.set_caller(key.id, &key.prefix, key.email.as_deref());
     let mode = Mode {
         window: Some(Duration::from_millis(state.config().jobs.run_timeout_ms)),
-        job: Some(&job.id),
+        job: Some(job_run),
         // A job has no one to ask: it runs with what the budget allows, as the API clamps.
         on_budget_clamp: OnBudgetClamp::Clamp,
         workload: Some(Workload::Batch),

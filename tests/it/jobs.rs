@@ -7,7 +7,9 @@
 use std::time::{Duration, Instant};
 
 use crate::common::{Gateway, MODEL, expect_error, parse_metrics};
-use fleetgate::store::LimitOverrides;
+use fleetgate::admission::Month;
+use fleetgate::state::AppState;
+use fleetgate::store::{LimitOverrides, now_unix_ms};
 use mock_vllm::MockConfig;
 use serde_json::{Value, json};
 
@@ -63,9 +65,19 @@ async fn ended(gw: &Gateway, id: &str) -> Value {
 
 /// [`ended`] for a job of `key`.
 async fn ended_as(gw: &Gateway, key: &str, id: &str) -> Value {
+    ended_at(&gw.client, &gw.url, key, id).await
+}
+
+/// [`ended_as`] on the gateway at `url`.
+async fn ended_at(client: &reqwest::Client, url: &str, key: &str, id: &str) -> Value {
     let since = Instant::now();
     loop {
-        let response = harvest_as(gw, key, id, "?wait=10").await;
+        let response = client
+            .get(format!("{url}/v1/harvest/{id}?wait=10"))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(response.status(), 200);
         let job: Value = response.json().await.unwrap();
         if !matches!(job["status"].as_str(), Some("queued" | "running")) {
@@ -640,4 +652,97 @@ async fn a_run_that_may_have_run_fails_with_the_upstream_error_and_is_not_run_ag
     assert_eq!(job["error"]["error"]["code"], "upstream_error", "{job}");
     assert_eq!(job["attempts"], 1);
     assert_eq!(gw.upstream_completions().len(), 1);
+}
+
+/// The key's live usage (`GET /v1/usage` on `url`) once none of its requests runs or
+/// holds a reservation any more.
+async fn settled_usage(client: &reqwest::Client, url: &str, key: &str) -> Value {
+    let since = Instant::now();
+    loop {
+        let response = client
+            .get(format!("{url}/v1/usage"))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let usage: Value = response.json().await.unwrap();
+        if usage["running"] == 0 && usage["reserved"] == 0 {
+            return usage;
+        }
+        assert!(since.elapsed() < WAIT, "the key never settled: {usage}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Once everything is settled, the key's live counter (`GET /v1/usage` on `url`), the
+/// ledger (of `state`'s store) and the usage the succeeded `job` reports are the same.
+async fn assert_charged_as_told(
+    client: &reqwest::Client,
+    url: &str,
+    (key_id, key): (i64, &str),
+    state: &AppState,
+    job: &Value,
+) {
+    assert_eq!(job["status"], "succeeded", "{job}");
+    let told = job["result"]["usage"]["total_tokens"].as_u64().unwrap();
+    let usage = settled_usage(client, url, key).await;
+    state.ledger().flush().await;
+    let ledger = state
+        .store()
+        .month_usage(key_id, &Month::now().to_string())
+        .await
+        .unwrap();
+    assert_eq!(
+        (usage["used"].as_u64().unwrap(), ledger),
+        (told, told),
+        "(live counter, ledger) against the job's usage; /v1/usage: {usage}"
+    );
+}
+
+/// A job whose first run stops without ending it while the node generates (its lease
+/// lost: another worker took the job over, then queued it again), and whose next run
+/// succeeds: the stopped run is charged nothing, in the live counter as in the ledger,
+/// and both hold what the job reports.
+#[tokio::test]
+async fn a_run_that_lost_its_lease_leaves_nothing_in_the_live_counter() {
+    // 600 tokens 5 ms apart: a run takes 3 s; a lost lease is seen within 0.5 s.
+    let gw = with_jobs(
+        MockConfig {
+            token_delay: Duration::from_millis(5),
+            ..MockConfig::default()
+        },
+        "lease_ms = 1500\npoll_interval_ms = 50",
+    )
+    .await;
+    let (key_id, key) = gw.create_key(LimitOverrides::default()).await;
+    let submitted = submit_as(&gw, &key, &body("Once upon a time", 600), &[]).await;
+    assert_eq!(submitted.status(), 202);
+    let id = submitted.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    tokio::time::timeout(WAIT, gw.mock.wait_in_flight(1))
+        .await
+        .unwrap();
+    // Another worker takes the job over (as when this one's lease lapsed unrenewed)...
+    let jobs = gw.state.store().jobs();
+    let lapsed = now_unix_ms() + 60_000;
+    let taken = jobs
+        .claim("elsewhere", lapsed, 1_500)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((taken.id.as_str(), taken.attempts), (id.as_str(), 2));
+    // ...the first run stops mid-generation...
+    tokio::time::timeout(WAIT, gw.mock.wait_cancelled(1))
+        .await
+        .unwrap();
+    // ...and the job is queued again, for this gateway's worker to run to its end.
+    let now = now_unix_ms();
+    assert!(jobs.requeue(&id, 2, now, now).await.unwrap());
+    let job = ended_as(&gw, &key, &id).await;
+    assert_eq!(job["attempts"], 3, "{job}");
+    assert_eq!(gw.upstream_completions().len(), 2);
+    assert_charged_as_told(&gw.client, &gw.url, (key_id, &key), &gw.state, &job).await;
 }
