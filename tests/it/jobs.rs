@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::common::{Gateway, MODEL, expect_error, parse_metrics};
+use crate::common::{self, Gateway, MODEL, expect_error, parse_metrics};
 use fleetgate::admission::Month;
 use fleetgate::state::AppState;
 use fleetgate::store::{LimitOverrides, now_unix_ms};
@@ -745,4 +745,167 @@ async fn a_run_that_lost_its_lease_leaves_nothing_in_the_live_counter() {
     assert_eq!(job["attempts"], 3, "{job}");
     assert_eq!(gw.upstream_completions().len(), 2);
     assert_charged_as_told(&gw.client, &gw.url, (key_id, &key), &gw.state, &job).await;
+}
+
+/// A gateway replica served in this process over `fleet_toml(dir, top_level, …)` in
+/// front of `node`: replicas given the same `dir` share its SQLite store.
+struct Replica {
+    url: String,
+    state: AppState,
+    stop: tokio::sync::oneshot::Sender<()>,
+    served: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Replica {
+    async fn start(dir: &std::path::Path, top_level: &str, node: &mock_vllm::MockVllm) -> Self {
+        let toml = common::fleet_toml(dir, top_level, "", &[(node, "gpu-a", "")]);
+        let config = fleetgate::config::Config::from_toml(&toml).unwrap();
+        let state = fleetgate::server::prepare(config).await.unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = tokio::spawn(fleetgate::server::serve(state.clone(), listener, async {
+            let _ = stopped.await;
+        }));
+        Self {
+            url,
+            state,
+            stop,
+            served,
+        }
+    }
+
+    /// Shuts it down as SIGTERM does; returns once it has stopped (its runs cut and
+    /// their jobs queued again, its settlements done, its ledger written).
+    async fn shut_down(self) -> AppState {
+        let _ = self.stop.send(());
+        tokio::time::timeout(3 * WAIT, self.served)
+            .await
+            .expect("the replica stopped")
+            .unwrap()
+            .unwrap();
+        self.state
+    }
+}
+
+/// This test's keys on the Redis server named by TEST_REDIS_URL (all under `prefix`),
+/// deleted when dropped, also when the test fails.
+struct RedisKeys {
+    connection: redis::Connection,
+    prefix: String,
+}
+
+impl RedisKeys {
+    fn matching(&mut self, pattern: &str) -> Vec<String> {
+        redis::cmd("KEYS")
+            .arg(format!("{}:{pattern}", self.prefix))
+            .query(&mut self.connection)
+            .unwrap()
+    }
+}
+
+impl Drop for RedisKeys {
+    fn drop(&mut self) {
+        let keys = self.matching("*");
+        if !keys.is_empty() {
+            let _: Result<i64, _> = redis::cmd("DEL").arg(keys).query(&mut self.connection);
+        }
+    }
+}
+
+/// As [`a_run_that_lost_its_lease_leaves_nothing_in_the_live_counter`], with the live
+/// counters in Redis shared by two replicas: the first run is cut by its replica's
+/// shutdown, the other replica runs the job again to its end. Nothing stays in the
+/// usage journal either, to reach the ledger later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Redis (set TEST_REDIS_URL)"]
+async fn a_run_cut_by_a_shutdown_leaves_nothing_in_the_shared_counters() {
+    let url = std::env::var("TEST_REDIS_URL").expect("TEST_REDIS_URL, e.g. redis://127.0.0.1:6379");
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let prefix = format!("fleetgate-test:jobcut:{}:{nanos}", std::process::id());
+    let mut redis_keys = RedisKeys {
+        connection: redis::Client::open(url.as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap(),
+        prefix: prefix.clone(),
+    };
+    let node = common::node(MockConfig {
+        token_delay: Duration::from_millis(5),
+        ..MockConfig::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let top_level = format!(
+        "redis_url = \"{url}\"\nredis_key_prefix = \"{prefix}\"\nshutdown_grace_ms = 100\n\
+         [jobs]\npoll_interval_ms = 50\n"
+    );
+    let a = Replica::start(dir.path(), &top_level, &node).await;
+    let secret = fleetgate::key_secret::generate();
+    let key_id = a
+        .state
+        .store()
+        .create_key("jobcut", None, &secret, &LimitOverrides::default())
+        .await
+        .unwrap()
+        .id;
+    let key = secret.secret.expose().to_owned();
+    a.state.keys().pull().await.unwrap();
+    let client = reqwest::Client::new();
+    let submitted = client
+        .post(format!("{}/v1/completions", a.url))
+        .bearer_auth(&key)
+        .header("prefer", "respond-async")
+        .header("content-type", "application/json")
+        .body(body("Once upon a time", 600))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(submitted.status(), 202);
+    let id = submitted.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    tokio::time::timeout(WAIT, node.wait_in_flight(1))
+        .await
+        .unwrap();
+    // The first replica stops while the node generates: past its grace the run is cut
+    // and the job queued again.
+    let a = a.shut_down().await;
+    tokio::time::timeout(WAIT, node.wait_cancelled(1))
+        .await
+        .unwrap();
+    let queued = a.store().jobs().job(key_id, &id).await.unwrap().unwrap();
+    assert_eq!((queued.status.as_str(), queued.attempts), ("queued", 1));
+    let b = Replica::start(dir.path(), &top_level, &node).await;
+    let job = ended_at(&client, &b.url, &key, &id).await;
+    assert_eq!(job["attempts"], 2, "{job}");
+    assert_charged_as_told(&client, &b.url, (key_id, &key), &b.state, &job).await;
+    // The journal forgets each row once the ledger has it: none is left for its sweep
+    // (or a replica adopting it) to offer the ledger again, under another id.
+    let since = Instant::now();
+    loop {
+        let journals = redis_keys.matching("unwritten:*");
+        if journals.is_empty() {
+            break;
+        }
+        let rows: Vec<Vec<String>> = journals
+            .iter()
+            .map(|journal| {
+                redis::cmd("HKEYS")
+                    .arg(journal)
+                    .query(&mut redis_keys.connection)
+                    .unwrap()
+            })
+            .collect();
+        assert!(
+            since.elapsed() < WAIT,
+            "rows left in the usage journal (job {id}): {rows:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    b.shut_down().await;
 }

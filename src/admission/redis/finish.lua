@@ -2,15 +2,16 @@
 -- reservation: the reservation is freed and `used_tokens` are added to the month's
 -- counter, if that counter exists (if not, it is seeded from the ledger, which has
 -- them). Idempotent: an unknown or finished lease changes nothing.
--- With a journal (KEYS 6-7, ARGV 5-6) the request's usage row is journaled under the
--- lease until the writer reports it committed (journal.rs) — also when there was no
--- reservation left to settle (a retry, or a Redis that lost its data): the row is
--- what the ledger must get, whatever the counters know.
+-- With a journal (KEYS 6-7, ARGV 6-8) the request's usage row is journaled under its
+-- request id until the writer reports that id committed (journal.rs) — also when there
+-- was no reservation left to settle (a retry, or a Redis that lost its data): the row
+-- is what the ledger must get, whatever the counters know. The request id is the
+-- lease's, but a job's for a run of a job (every run of it records under the job's id).
 -- KEYS: run grants queue qexp used [journal writers]
--- ARGV: lease used_tokens month channel key_id [writer row]
+-- ARGV: lease used_tokens month channel key_id [writer row request_id]
 local run, grants, queue, qexp, used = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local lease, used_tokens, month, channel, key_id = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local journal, writers, writer, row = KEYS[6], KEYS[7], ARGV[6], ARGV[7]
+local journal, writers, writer, row, request_id = KEYS[6], KEYS[7], ARGV[6], ARGV[7], ARGV[8]
 
 -- Lapsed slots and queue places are purged here only for somebody waiting: they are to
 -- be woken if either went. Any other script purges before it counts them.
@@ -52,7 +53,7 @@ if settled == 1 and redis.call('EXISTS', used) == 1 then
   redis.call('INCRBY', used, used_tokens)
 end
 if journal and tonumber(used_tokens) > 0 then
-  redis.call('HSET', journal, lease, row)
+  redis.call('HSET', journal, request_id, row)
   redis.call('SADD', writers, writer)
 end
 announce(channel, key_id, changed + settled, waiting)

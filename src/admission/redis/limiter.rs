@@ -335,7 +335,8 @@ impl RedisLimiter {
     }
 
     /// `finish.lua`: releases the slot and settles the reservation, journaling `row`
-    /// (when given and it used tokens) until the ledger reports it committed.
+    /// (when given and it used tokens) under its request id until the ledger reports
+    /// that id committed.
     async fn release(
         &self,
         key: i64,
@@ -362,7 +363,8 @@ impl RedisLimiter {
                 .key(&self.journal.own)
                 .key(&self.journal.writers)
                 .arg(&self.journal.writer)
-                .arg(journal::encode(row));
+                .arg(journal::encode(row))
+                .arg(&row.request_id);
         }
         let reply = self.connections.invoke("finish", &invocation).await?;
         done(&reply)
