@@ -19,13 +19,13 @@ elseif redis.call('HEXISTS', grants, lease) == 1 then
   redis.call('ZADD', run, until_, lease)
   found = 1
 else
-  local found = redis.call('HMGET', grants, '~' .. lease, '#running')
-  local lapsed = found[1]
+  local fields = redis.call('HMGET', grants, '~' .. lease, '#running')
+  local lapsed = fields[1]
   if lapsed then
     local month, reserved = string.match(lapsed, '^(%S+) (%d+)')
     redis.call('HDEL', grants, '~' .. lease)
     redis.call('HSET', grants, lease, month .. ' ' .. reserved)
-    count_moved(grants, '#lapsed', '#running', found[2])
+    count_moved(grants, '#lapsed', '#running', fields[2])
     redis.call('ZADD', run, until_, lease)
     found = 1
   end
