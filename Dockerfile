@@ -20,17 +20,19 @@ ENV CARGO_PROFILE_RELEASE_DEBUG=false \
     CARGO_PROFILE_RELEASE_STRIP=symbols
 # Dependencies first, so source edits do not rebuild them. The workspace's second
 # package (the simulated vLLM behind `fleetgate demo`) is needed to build the binary;
-# the third (the benchmark's bare proxy) only has to be there for cargo to load the
-# workspace.
+# the others (the admission model and the benchmark's bare proxy) only have to be
+# there for cargo to load the workspace: a manifest and an empty target each.
 COPY Cargo.toml Cargo.lock ./
 COPY tests/mock-vllm/Cargo.toml ./tests/mock-vllm/
+COPY model/admission/Cargo.toml ./model/admission/
 COPY benches/bare-hyper/Cargo.toml ./benches/bare-hyper/
-RUN mkdir -p src/bin/fleetgate tests/mock-vllm/src benches/bare-hyper/src \
+RUN mkdir -p src/bin/fleetgate tests/mock-vllm/src model/admission/src benches/bare-hyper/src \
  && echo 'fn main() {}' > src/bin/fleetgate/main.rs \
  && echo 'fn main() {}' > tests/mock-vllm/src/main.rs \
+ && echo 'fn main() {}' > model/admission/src/main.rs \
  && echo 'fn main() {}' > benches/overhead.rs \
  && echo 'fn main() {}' > benches/bare-hyper/src/main.rs \
- && touch src/lib.rs tests/mock-vllm/src/lib.rs \
+ && touch src/lib.rs tests/mock-vllm/src/lib.rs model/admission/src/lib.rs \
  && cargo build --release --locked --bin fleetgate \
  && rm -rf src benches tests/mock-vllm/src
 COPY src ./src
