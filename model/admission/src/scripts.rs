@@ -114,18 +114,21 @@ pub enum Reply {
     Done(u64, u64),
 }
 
+/// The leases of a lease set (`run`, `qexp`) that have expired by `now`.
+fn due(expiries: &BTreeMap<Lease, u64>, now: u64) -> Vec<Lease> {
+    expiries
+        .iter()
+        .filter(|&(_, &until)| until <= now)
+        .map(|(&lease, _)| lease)
+        .collect()
+}
+
 impl Key {
     /// `purge`: lapsed slots set aside with their reservations, lapsed queue places
     /// dropped (looked for only while somebody waits). How many went, how many wait.
     fn purge(&mut self, now: u64) -> (u64, u64) {
         let mut n = 0;
-        let due: Vec<Lease> = self
-            .run
-            .iter()
-            .filter(|&(_, &until)| until <= now)
-            .map(|(&lease, _)| lease)
-            .collect();
-        for lease in due {
+        for lease in due(&self.run, now) {
             self.run.remove(&lease);
             if let Some(reserved) = self.grants.remove(&lease) {
                 self.lapsed.insert(lease, (reserved, now));
@@ -135,13 +138,7 @@ impl Key {
         }
         let mut waiting = self.queue.len() as u64;
         if waiting > 0 {
-            let due: Vec<Lease> = self
-                .qexp
-                .iter()
-                .filter(|&(_, &until)| until <= now)
-                .map(|(&lease, _)| lease)
-                .collect();
-            for lease in due {
+            for lease in due(&self.qexp, now) {
                 self.qexp.remove(&lease);
                 if self.queue.remove(&lease).is_some() {
                     waiting -= 1;

@@ -44,8 +44,9 @@ pub struct Request {
     pub cost: Cost,
 }
 
-/// How many faults of each kind a run may have, and how far time may go.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// How many faults of each kind a run may have, and how far time may go (the set-up);
+/// or how many it has had (the state).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Faults {
     pub crashes: u8,
     pub redis_losses: u8,
@@ -143,18 +144,6 @@ pub struct Replica {
     pub buffer: BTreeMap<Lease, u64>,
 }
 
-/// The faults a run has had so far.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Spent {
-    pub crashes: u8,
-    pub redis_losses: u8,
-    pub lost_replies: u8,
-    pub store_outages: u8,
-    pub ticks: u8,
-    pub jumps: u8,
-    pub set_expiries: u8,
-}
-
 /// Bookkeeping that no component keeps, for the properties (ghost state).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Ghost {
@@ -191,7 +180,8 @@ pub struct State {
     pub store_up: bool,
     pub replicas: Vec<Replica>,
     pub phases: Vec<Phase>,
-    pub spent: Spent,
+    /// The faults this run has had so far.
+    pub spent: Faults,
     pub ghost: Ghost,
 }
 
@@ -526,7 +516,7 @@ impl Model for System {
                 })
                 .collect(),
             phases: vec![Phase::New; self.requests.len()],
-            spent: Spent::default(),
+            spent: Faults::default(),
             ghost: Ghost::default(),
         }]
     }
