@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 
 use admission_model::properties;
 use admission_model::system::{Mutation, System};
-use stateright::{Checker, Model};
+use stateright::{Checker, HasDiscoveries, Model};
 
 fn main() {
     let mut requests = 3;
@@ -41,6 +41,10 @@ fn main() {
     let mut checker = system.checker().threads(threads);
     if depth > 0 {
         checker = checker.target_max_depth(depth);
+    }
+    if mutation.is_some() {
+        // The broken script's first violation is the point; the rest is the same.
+        checker = checker.finish_when(HasDiscoveries::AnyFailures);
     }
     let checker = checker.spawn_bfs().join();
     let elapsed = started.elapsed();

@@ -77,16 +77,15 @@
 //! connects lazily and never fails to construct while Redis is down; it reconnects by
 //! itself on the next call once Redis is back.
 //!
-//! # Known limits
+//! # Guarantees
 //!
-//! - A `finish` that fails (Redis stalled or away) is retried by the gateway until Redis
-//!   confirms it; it is idempotent per lease, so an attempt Redis ran without its reply
-//!   arriving is not counted twice. A `finish` more than two minutes after its slot
-//!   lapsed finds nothing to settle, so those tokens reach the live counter only when it
-//!   is next seeded from the ledger.
-//! - `finish` while a counter is missing adds nothing (the ledger has the tokens), so a
-//!   ledger read that a concurrent seeding began before the gateway wrote that usage can
-//!   miss it until the counter is next rebuilt.
+//! What this protocol keeps (budget, slots, queue order, nothing lost), with its
+//! exceptions and their bounds — a slot over `max_concurrent` after a stall longer than
+//! a lease, usage the counter cannot see after Redis lost its data, rows lost with a
+//! killed replica — is stated in `docs/reliability.md` ("The admission protocol,
+//! model-checked") and checked over every interleaving by `model/admission`, whose
+//! conformance test holds its copy of these scripts to them. A change to a script that
+//! changes what it does must change `model/admission/src/scripts.rs` too.
 
 use rustc_hash::FxHashMap;
 use std::collections::HashMap;
