@@ -207,7 +207,7 @@ fn a_bad_limit_flag_stops_keys_create_and_set_naming_the_flag() {
     let untouched = write_config(fresh.path(), "http://127.0.0.1:9");
     let create = ["keys", "create", "--name", "bad"];
     let set = ["keys", "set", prefix];
-    let cases: [(&[&str], &str, &str, &str); 10] = [
+    let cases: [(&[&str], &str, &str, &str); 14] = [
         (
             &create,
             "--max-queued",
@@ -268,18 +268,37 @@ fn a_bad_limit_flag_stops_keys_create_and_set_naming_the_flag() {
             "1001",
             "must be between 1 and 1000 (got 1001), or 'default'",
         ),
+        // Negative numbers reach the check (not clap's `unexpected argument '-1'`).
+        (
+            &create,
+            "--monthly-budget",
+            "-5",
+            "must be between 0 and 9223372036854775807 (got -5)",
+        ),
+        (
+            &create,
+            "--max-concurrent",
+            "-1",
+            "must be between 1 and 2147483647 (got -1)",
+        ),
+        (
+            &set,
+            "--max-queued",
+            "-1",
+            "must be between 0 and 2147483647 (got -1), or 'default'",
+        ),
+        (
+            &set,
+            "--share",
+            "-1",
+            "must be between 1 and 1000 (got -1), or 'default'",
+        ),
     ];
     for (command, flag, value, requirement) in cases {
-        // A value that looks like a flag itself has to be attached: `--max-queued=-1`.
-        let arg = if value.starts_with('-') {
-            vec![format!("{flag}={value}")]
-        } else {
-            vec![flag.to_owned(), value.to_owned()]
-        };
         for config in [&config, &untouched] {
             let output = Command::new(FLEETGATE)
                 .args(command)
-                .args(&arg)
+                .args([flag, value])
                 .arg("--config")
                 .arg(config)
                 .output()
@@ -302,6 +321,22 @@ fn a_bad_limit_flag_stops_keys_create_and_set_naming_the_flag() {
         !fresh.path().join("fg.db").exists(),
         "a bad flag stops the command before the store is opened"
     );
+    // So does a negative --limit of the listings, saying the range.
+    for command in [&["log"][..], &["jobs", "list"]] {
+        let output = Command::new(FLEETGATE)
+            .args(command)
+            .args(["--limit", "-1", "--config"])
+            .arg(&untouched)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{command:?}: {stderr}");
+        assert!(
+            stderr.contains("invalid value '-1' for '--limit <LIMIT>'")
+                && stderr.contains("-1 is not in 1..="),
+            "{command:?}: {stderr}"
+        );
+    }
 }
 
 #[test]

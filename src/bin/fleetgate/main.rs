@@ -71,7 +71,7 @@ enum Command {
         #[arg(long, value_parser = log::status_arg)]
         status: Option<fleetgate::store::StatusMatch>,
         /// How many requests to show at most.
-        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=i64::from(log::MAX_LOG_ROWS)))]
+        #[arg(long, default_value_t = 50, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=i64::from(log::MAX_LOG_ROWS)))]
         limit: u32,
         /// One JSON object per line.
         #[arg(long)]
@@ -112,7 +112,7 @@ enum JobsCommand {
         #[arg(long, value_parser = jobs::status_arg)]
         status: Option<fleetgate::store::JobStatus>,
         /// How many jobs to show at most.
-        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=i64::from(jobs::MAX_LIST)))]
+        #[arg(long, default_value_t = 50, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=i64::from(jobs::MAX_LIST)))]
         limit: u32,
         /// One JSON object per line.
         #[arg(long)]
@@ -232,45 +232,48 @@ enum KeysCommand {
 
 /// The limit flags of `keys create`. The bounds are the key service's
 /// ([`fleetgate::key_limits::Limit`]); `cli::limit_arg` checks each value against them.
+/// Each allows negative numbers: else clap would take `--max-queued -1`'s `-1` for a flag
+/// and say only `unexpected argument`, where the check says what the value must be.
 #[derive(clap::Args)]
 struct CreateLimits {
     /// Prompt + completion tokens per calendar month (UTC).
-    #[arg(long, value_name = "TOKENS", value_parser = cli::limit_arg(Limit::MonthlyBudget))]
+    #[arg(long, value_name = "TOKENS", allow_negative_numbers = true, value_parser = cli::limit_arg(Limit::MonthlyBudget))]
     monthly_budget: Option<LimitInput>,
     /// Request starts per minute (at least 1).
-    #[arg(long, value_name = "N", value_parser = cli::limit_arg(Limit::RequestsPerMinute))]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = cli::limit_arg(Limit::RequestsPerMinute))]
     rpm: Option<LimitInput>,
     /// Requests running at once (at least 1).
-    #[arg(long, value_name = "N", value_parser = cli::limit_arg(Limit::MaxConcurrent))]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = cli::limit_arg(Limit::MaxConcurrent))]
     max_concurrent: Option<LimitInput>,
     /// Requests waiting beyond the running ones (0 or more).
-    #[arg(long, value_name = "N", value_parser = cli::limit_arg(Limit::MaxQueued))]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = cli::limit_arg(Limit::MaxQueued))]
     max_queued: Option<LimitInput>,
     /// The key's weight in its models' fleet queues (1 to 1000): while a model's nodes
     /// are all busy, keys with work waiting get node slots in proportion to their share,
     /// counted in tokens.
-    #[arg(long, value_name = "N", value_parser = cli::limit_arg(Limit::Share))]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = cli::limit_arg(Limit::Share))]
     share: Option<LimitInput>,
 }
 
-/// The limit flags of `keys set`: at least one; each a value or `default`.
+/// The limit flags of `keys set`: at least one; each a value or `default` (negative
+/// numbers allowed, as for `keys create`, to reach the check).
 #[derive(clap::Args)]
 #[group(required = true, multiple = true)]
 struct SetLimits {
     /// Prompt + completion tokens per calendar month (UTC), or `default`.
-    #[arg(long, value_name = "TOKENS|default", value_parser = cli::limit_setting(Limit::MonthlyBudget))]
+    #[arg(long, value_name = "TOKENS|default", allow_negative_numbers = true, value_parser = cli::limit_setting(Limit::MonthlyBudget))]
     monthly_budget: Option<cli::Setting<LimitInput>>,
     /// Request starts per minute (at least 1), or `default`.
-    #[arg(long, value_name = "N|default", value_parser = cli::limit_setting(Limit::RequestsPerMinute))]
+    #[arg(long, value_name = "N|default", allow_negative_numbers = true, value_parser = cli::limit_setting(Limit::RequestsPerMinute))]
     rpm: Option<cli::Setting<LimitInput>>,
     /// Requests running at once (at least 1), or `default`.
-    #[arg(long, value_name = "N|default", value_parser = cli::limit_setting(Limit::MaxConcurrent))]
+    #[arg(long, value_name = "N|default", allow_negative_numbers = true, value_parser = cli::limit_setting(Limit::MaxConcurrent))]
     max_concurrent: Option<cli::Setting<LimitInput>>,
     /// Requests waiting beyond the running ones (0 or more), or `default`.
-    #[arg(long, value_name = "N|default", value_parser = cli::limit_setting(Limit::MaxQueued))]
+    #[arg(long, value_name = "N|default", allow_negative_numbers = true, value_parser = cli::limit_setting(Limit::MaxQueued))]
     max_queued: Option<cli::Setting<LimitInput>>,
     /// The key's weight in its models' fleet queues (1 to 1000), or `default`.
-    #[arg(long, value_name = "N|default", value_parser = cli::limit_setting(Limit::Share))]
+    #[arg(long, value_name = "N|default", allow_negative_numbers = true, value_parser = cli::limit_setting(Limit::Share))]
     share: Option<cli::Setting<LimitInput>>,
 }
 
