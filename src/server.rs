@@ -2,6 +2,7 @@
 //! shutdown.
 
 use std::future::Future;
+use std::net::SocketAddr;
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -127,6 +128,15 @@ pub async fn prepare(config: Config) -> anyhow::Result<AppState> {
         .await
         .context("reading the API keys")?;
     AppState::new(config, store, keys, writer, limiter)
+}
+
+/// Binds a listener on `address`. A failure (most often the port is taken, by another
+/// gateway or an earlier run still stopping) names the address and where to pick
+/// another: `setting`, the flag or config key that chose it.
+pub async fn bind(address: SocketAddr, setting: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(address)
+        .await
+        .with_context(|| format!("cannot listen on {address}; pick another address with {setting}"))
 }
 
 /// After the grace period, how long the cut connections get to close.
@@ -290,13 +300,11 @@ pub async fn serve(
 async fn serve_beside(
     state: &AppState,
     what: &'static str,
-    address: std::net::SocketAddr,
+    address: SocketAddr,
     router: axum::Router,
     stop: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let listener = TcpListener::bind(address)
-        .await
-        .with_context(|| format!("cannot listen on {address} ({what}_listen)"))?;
+    let listener = bind(address, &format!("`{what}_listen` in the config")).await?;
     let address = listener.local_addr()?;
     match what {
         "admin" => tracing::info!(%address, "fleetgate admin listening"),

@@ -480,6 +480,48 @@ fn the_demo_on_a_busy_port_names_the_address_and_the_flag() {
     assert!(stderr.contains("--listen"), "{stderr}");
 }
 
+/// So does `serve`, for its API listener and the ones beside it, naming the config key and
+/// the file that set the busy address.
+#[test]
+fn serve_on_a_busy_port_names_the_address_and_the_config_key() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = busy.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "http://127.0.0.1:9");
+    let text = std::fs::read_to_string(&config).unwrap();
+    for (setting, replacement) in [
+        (
+            format!("`listen` in {}", config.display()),
+            format!("listen = \"{address}\""),
+        ),
+        (
+            "`ops_listen` in the config".to_owned(),
+            format!("listen = \"127.0.0.1:0\"\nops_listen = \"{address}\""),
+        ),
+    ] {
+        std::fs::write(
+            &config,
+            text.replacen("listen = \"127.0.0.1:0\"", &replacement, 1),
+        )
+        .unwrap();
+        let output = Command::new(FLEETGATE)
+            .args(["serve", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert!(!output.status.success());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let error = stderr.lines().find(|l| l.starts_with("error: ")).unwrap();
+        assert!(
+            error.contains(&format!(
+                "cannot listen on {address}; pick another address with {setting}"
+            )),
+            "{stderr}"
+        );
+        assert!(error.contains("in use"), "{stderr}");
+    }
+}
+
 #[tokio::test]
 async fn the_demo_serves_its_printed_curl_line() {
     let dir = tempfile::tempdir().unwrap();

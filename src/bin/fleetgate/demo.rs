@@ -5,9 +5,6 @@
 use std::net::SocketAddr;
 use std::path::Path;
 
-use anyhow::Context;
-use tokio::net::TcpListener;
-
 use fleetgate::config::Config;
 use fleetgate::server;
 use mock_vllm::{MockConfig, MockVllm};
@@ -39,9 +36,7 @@ gpu = "demo-gpu-0"
         upstream = mock.url(),
     ))?;
     let _log = server::init_logging(config.log_format, &config.traces)?;
-    let listener = TcpListener::bind(config.listen).await.with_context(|| {
-        format!("cannot listen on {listen}; pick another address with --listen (e.g. --listen 127.0.0.1:8081)")
-    })?;
+    let listener = server::bind(config.listen, "--listen (e.g. --listen 127.0.0.1:8081)").await?;
     let address = listener.local_addr()?;
     let state = server::prepare(config).await?;
     let key = fleetgate::key_secret::generate();

@@ -322,12 +322,11 @@ async fn main() -> ExitCode {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
-        Command::Serve { config } => {
-            let config = config.load()?;
+        Command::Serve { config: arg } => {
+            let config = arg.load()?;
             let _log = server::init_logging(config.log_format, &config.traces)?;
-            let listener = tokio::net::TcpListener::bind(config.listen)
-                .await
-                .with_context(|| format!("cannot listen on {}", config.listen))?;
+            let setting = format!("`listen` in {}", arg.path.display());
+            let listener = server::bind(config.listen, &setting).await?;
             let address = listener.local_addr()?;
             let state = server::prepare(config).await?;
             // Only now: a store that cannot be opened fails start-up before this line.
