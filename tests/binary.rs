@@ -1,6 +1,9 @@
 //! The real binaries on port 0: `fleetgate keys …`, `fleetgate serve` in front of the
 //! `mock-vllm` binary, `fleetgate demo` and its printed curl line, and memory use while a
 //! large body streams through.
+//!
+//! The tests on a PostgreSQL store are ignored by default; run them with
+//! `TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test cargo test --test binary postgres -- --include-ignored`.
 
 #![allow(
     clippy::unwrap_used,
@@ -12,6 +15,7 @@
 mod common {
     pub mod cli;
     pub mod jobs;
+    pub mod postgres;
     pub mod processes;
 }
 
@@ -1354,4 +1358,46 @@ async fn the_jobs_cli_lists_shows_and_cancels_without_showing_content() {
     assert!(failing(&["jobs", "show", "job_nope"]).contains("no job with id 'job_nope'"));
     assert!(failing(&["jobs", "list", "--status", "lost"]).contains("expected one of queued"));
     assert!(terminate(server));
+}
+
+/// `write_config`'s config with the store in PostgreSQL at `url`.
+fn write_postgres_config(dir: &Path, url: &str) -> std::path::PathBuf {
+    let path = write_config(dir, "http://127.0.0.1:9");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let sqlite = format!("sqlite://{}/fg.db", dir.display());
+    std::fs::write(&path, text.replacen(&sqlite, url, 1)).unwrap();
+    path
+}
+
+/// A start on a PostgreSQL database already migrated logs no notice about the migration
+/// table (`relation "_sqlx_migrations" already exists, skipping`): neither the first
+/// start nor the second says anything about it before it listens.
+#[test]
+#[ignore = "needs PostgreSQL (set TEST_POSTGRES_URL)"]
+fn a_postgres_start_logs_no_notice_about_the_migration_table() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let database = runtime.block_on(common::postgres::FreshDatabase::create("fg_binary"));
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_postgres_config(dir.path(), &database.url);
+    for start in ["first", "second"] {
+        let mut child = Command::new(FLEETGATE)
+            .args(["serve", "--config"])
+            .arg(&config)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        // Killed at the end of the round: the database is all this test is about.
+        let _server = Proc(child);
+        // The first of: a line about the migration table, or the one saying it listens
+        // (the migrations run before it).
+        let line = wait_for_line(stderr, format!("{start} start"), |line| {
+            (line.contains("_sqlx_migrations") || line.contains("fleetgate listening"))
+                .then(|| line.to_owned())
+        });
+        assert!(
+            line.contains("fleetgate listening"),
+            "{start} start: {line}"
+        );
+    }
 }

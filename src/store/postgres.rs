@@ -43,20 +43,28 @@ impl PostgresStore {
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         let options =
             PgConnectOptions::from_str(url).map_err(|e| StoreError::InvalidUrl(e.to_string()))?;
-        // One connection of our own first: a pool that cannot connect says only "pool
-        // timed out" after its acquire timeout, hiding why (refused, unknown host,
-        // authentication failed, no such database).
-        let first = tokio::time::timeout(ACQUIRE_TIMEOUT, PgConnection::connect_with(&options))
-            .await
-            .map_err(|_| sqlx::Error::PoolTimedOut)??;
+        // One connection of our own first, which runs the migrations: a pool that cannot
+        // connect says only "pool timed out" after its acquire timeout, hiding why
+        // (refused, unknown host, authentication failed, no such database).
+        // It is told to send warnings and errors only: every start's `CREATE TABLE IF
+        // NOT EXISTS _sqlx_migrations` otherwise logs the notice `relation
+        // "_sqlx_migrations" already exists, skipping`, which says nothing. The pool's
+        // connections keep the server's setting.
+        let migrating = options
+            .clone()
+            .options([("client_min_messages", "warning")]);
+        let mut first =
+            tokio::time::timeout(ACQUIRE_TIMEOUT, PgConnection::connect_with(&migrating))
+                .await
+                .map_err(|_| sqlx::Error::PoolTimedOut)??;
+        // Migrations take an advisory lock, so concurrent starts are safe.
+        MIGRATOR.run(&mut first).await?;
         first.close().await?;
         let pool = PgPoolOptions::new()
             .max_connections(POOL_SIZE)
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect_with(options)
             .await?;
-        // Migrations take an advisory lock, so concurrent starts are safe.
-        MIGRATOR.run(&pool).await?;
         Ok(Self { pool })
     }
 
