@@ -1401,3 +1401,26 @@ fn a_postgres_start_logs_no_notice_about_the_migration_table() {
         );
     }
 }
+
+/// A PostgreSQL database that does not exist: one line, saying so once, with how to
+/// create it.
+#[test]
+#[ignore = "needs PostgreSQL (set TEST_POSTGRES_URL)"]
+fn a_missing_postgres_database_is_named_once_with_how_to_create_it() {
+    let server = std::env::var(common::postgres::POSTGRES_URL_VAR).expect("TEST_POSTGRES_URL");
+    let name = format!("fg_missing_{}", uuid::Uuid::new_v4().simple());
+    let dir = tempfile::tempdir().unwrap();
+    let config =
+        write_postgres_config(dir.path(), &common::postgres::with_database(&server, &name));
+    let output = Command::new(FLEETGATE)
+        .args(["keys", "list", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    let missing = format!("database \"{name}\" does not exist");
+    assert_eq!(stderr.matches(&missing).count(), 1, "said once: {stderr}");
+    assert!(stderr.contains(&format!("createdb {name}")), "{stderr}");
+}

@@ -32,6 +32,22 @@ const JOB_END_CHANNEL: &str = "fleetgate_jobs";
 /// an unreachable database answers instead of hanging).
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Why the first connection failed: a database that does not exist by its name (the
+/// server's default is the user's name), else sqlx's error.
+fn connect_error(err: sqlx::Error, options: &PgConnectOptions) -> StoreError {
+    // SQLSTATE 3D000, invalid_catalog_name: no database of that name.
+    let missing = err
+        .as_database_error()
+        .and_then(|e| e.code())
+        .is_some_and(|code| code == "3D000");
+    if missing {
+        let name = options.get_database().unwrap_or(options.get_username());
+        StoreError::NoDatabase(name.to_owned())
+    } else {
+        err.into()
+    }
+}
+
 /// A store in a PostgreSQL database.
 #[derive(Clone, Debug)]
 pub struct PostgresStore {
@@ -56,7 +72,8 @@ impl PostgresStore {
         let mut first =
             tokio::time::timeout(ACQUIRE_TIMEOUT, PgConnection::connect_with(&migrating))
                 .await
-                .map_err(|_| sqlx::Error::PoolTimedOut)??;
+                .map_err(|_| sqlx::Error::PoolTimedOut)?
+                .map_err(|err| connect_error(err, &options))?;
         // Migrations take an advisory lock, so concurrent starts are safe.
         MIGRATOR.run(&mut first).await?;
         first.close().await?;

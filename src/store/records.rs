@@ -189,6 +189,12 @@ pub enum StoreError {
     UnsupportedUrl(String),
     #[error("invalid database URL: {0}")]
     InvalidUrl(String),
+    /// The PostgreSQL database the URL names does not exist (the server's error, as
+    /// sqlx wraps it, says so twice and not what to do).
+    #[error(
+        "database \"{0}\" does not exist; create it with `createdb {0}` (or `CREATE DATABASE {0};` in psql)"
+    )]
+    NoDatabase(String),
     /// Opening the store at start-up failed; `url` has no password.
     #[error("cannot open the store at {url}")]
     Open {
