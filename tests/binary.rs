@@ -1291,7 +1291,8 @@ async fn jobs_cut_by_a_sigkill_finish_after_a_restart_charged_once() {
 }
 
 /// `fleetgate jobs list|show|cancel` against the store a server writes: metadata only
-/// (never the prompt); a cancel from the CLI is seen by the server's harvest.
+/// (never the prompt), each job's key by its prefix; a cancel from the CLI is seen by the
+/// server's harvest.
 #[tokio::test]
 async fn the_jobs_cli_lists_shows_and_cancels_without_showing_content() {
     let dir = tempfile::tempdir().unwrap();
@@ -1323,16 +1324,22 @@ async fn the_jobs_cli_lists_shows_and_cancels_without_showing_content() {
         })
         .collect();
     assert_eq!(ids, [second.clone(), first.clone()], "newest first");
+    // The key as `log` shows it, by its prefix; in JSON beside its id.
+    let prefix = &secret[..12];
+    for line in listed.lines() {
+        let job: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(job["key_prefix"], prefix, "{line}");
+        assert!(job["key_id"].is_i64(), "{line}");
+    }
     let table =
         String::from_utf8(fleetgate(&config, &["jobs", "list", "--status", "queued"]).stdout)
             .unwrap();
-    assert!(
-        table.contains(&first) && table.contains("queued"),
-        "{table}"
-    );
+    let row = table.lines().find(|l| l.contains(&first)).unwrap();
+    assert!(row.contains(prefix) && row.contains("queued"), "{table}");
     let shown = String::from_utf8(fleetgate(&config, &["jobs", "show", &first]).stdout).unwrap();
     let shown: serde_json::Value = serde_json::from_str(&shown).unwrap();
     assert_eq!(shown["status"], "queued");
+    assert_eq!(shown["key_prefix"], prefix);
     for out in [&listed, &table, &shown.to_string()] {
         assert!(!out.contains("secret prompt"), "content shown: {out}");
     }

@@ -1,6 +1,7 @@
 //! `fleetgate jobs list|show|cancel`: completion jobs as the store has them, for the
 //! operator (any key's jobs). Shows metadata only: never a job's request or result.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use anyhow::{Context as _, bail};
@@ -45,10 +46,19 @@ pub async fn list(
         .list(&query)
         .await
         .context("reading the jobs")?;
+    // Keys by their prefix, as `fleetgate log` shows them: the id alone means nothing
+    // to whoever reads `keys list` or a client's configuration.
+    let prefixes: HashMap<i64, String> = KeyService::new(store, defaults)
+        .list()
+        .await?
+        .into_iter()
+        .map(|key| (key.id, key.prefix))
+        .collect();
+    let prefix = |row: &JobRow| prefixes.get(&row.key_id).map(String::as_str);
     if as_json {
         return Ok(rows
             .iter()
-            .map(|row| metadata(row).to_string())
+            .map(|row| metadata(row, prefix(row)).to_string())
             .collect::<Vec<_>>()
             .join("\n"));
     }
@@ -56,15 +66,15 @@ pub async fn list(
         return Ok("No jobs match.".to_owned());
     }
     let mut out = format!(
-        "{:<36}  {:>6}  {:<16}  {:<10}  {:>8}  {:<16}\n",
+        "{:<36}  {:<12}  {:<16}  {:<10}  {:>8}  {:<16}\n",
         "JOB", "KEY", "MODEL", "STATUS", "ATTEMPTS", "CODE"
     );
     for row in &rows {
         let _ = writeln!(
             out,
-            "{:<36}  {:>6}  {:<16}  {:<10}  {:>8}  {:<16}",
+            "{:<36}  {:<12}  {:<16}  {:<10}  {:>8}  {:<16}",
             row.id,
-            row.key_id,
+            prefix(row).unwrap_or("-"),
             row.model,
             row.status,
             row.attempts,
@@ -77,7 +87,12 @@ pub async fn list(
 /// `fleetgate jobs show`: one job's metadata as JSON.
 pub async fn show(store: &dyn Store, id: &str) -> anyhow::Result<String> {
     let row = find(store, id).await?;
-    Ok(serde_json::to_string_pretty(&metadata(&row))?)
+    let key = store
+        .key(&row.key_id.to_string())
+        .await
+        .context("reading the job's key")?;
+    let prefix = key.as_ref().map(|key| key.prefix.as_str());
+    Ok(serde_json::to_string_pretty(&metadata(&row, prefix))?)
 }
 
 /// `fleetgate jobs cancel`: a queued job is cancelled at once; a running one is
@@ -109,11 +124,13 @@ async fn find(store: &dyn Store, id: &str) -> anyhow::Result<JobRow> {
     }
 }
 
-/// What the CLI shows of a job: never its request or result.
-fn metadata(row: &JobRow) -> serde_json::Value {
+/// What the CLI shows of a job: never its request or result. `key_prefix` is that of
+/// the job's key (`null` if the store has no such key).
+fn metadata(row: &JobRow, key_prefix: Option<&str>) -> serde_json::Value {
     json!({
         "id": row.id,
         "key_id": row.key_id,
+        "key_prefix": key_prefix,
         "model": row.model,
         "status": row.status,
         "idempotency_key": row.idempotency_key,
