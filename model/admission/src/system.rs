@@ -58,6 +58,8 @@ pub struct Faults {
     pub jumps: u8,
     /// Whole slot sets expiring under a stall.
     pub set_expiries: u8,
+    /// Reads of the key's usage (`usage.lua`) from outside its requests.
+    pub looks: u8,
 }
 
 /// A deliberately broken script, to show that the checker catches it.
@@ -213,6 +215,8 @@ pub enum Action {
     /// The replica's heartbeat, when it is missing.
     Beat(u8),
     AliveLapses(Writer),
+    /// `usage.lua`, from whoever asks.
+    Look,
     Crash(u8),
     Restart(u8),
     RedisLoss,
@@ -362,6 +366,11 @@ impl System {
                     actions.push(Action::AliveLapses(replica.writer));
                 }
             }
+        }
+        // Anyone may read the key's usage at any moment (`/v1/usage`, the Workbench):
+        // `usage.lua` purges and may recount, as `peek.lua` and `occupancy.lua` purge.
+        if spent.looks < allowed.looks {
+            actions.push(Action::Look);
         }
         if spent.redis_losses < allowed.redis_losses {
             actions.push(Action::RedisLoss);
@@ -629,6 +638,10 @@ impl Model for System {
                 }
                 s.redis.journal.alive.remove(&w);
             }
+            Action::Look => {
+                s.spent.looks += 1;
+                s.redis.key.usage(s.now);
+            }
             Action::Crash(r) => {
                 s.spent.crashes += 1;
                 let replica = &mut s.replicas[usize::from(r)];
@@ -721,8 +734,8 @@ impl System {
     /// The set-up the docs quote: three replicas, `requests` requests (one a replica in
     /// turn, each prompt 2 and up to 3 generated tokens: 5 reserved) on one key with one
     /// slot, one queue place and a budget of 8 (so budgets clamp and refuse), leases of
-    /// 2 s; and at most one fault of each kind, three seconds of stall and one jump past
-    /// the lapsed keep.
+    /// 2 s; and at most one fault of each kind, three seconds of stall, one jump past the
+    /// lapsed keep and one read of the key's usage from outside its requests.
     pub fn standard(requests: u8) -> Self {
         let replicas = 3;
         Self {
@@ -755,6 +768,7 @@ impl System {
                 ticks: 3,
                 jumps: 1,
                 set_expiries: 1,
+                looks: 1,
             },
             mutation: None,
             strict: false,
