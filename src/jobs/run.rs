@@ -88,11 +88,7 @@ pub async fn run(
     } else if job.attempts > i64::from(state.config().jobs.max_attempts) {
         Stop::Answered(abandoned(job.attempts - 1))
     } else {
-        let job_run = JobRun {
-            id: job.id.clone(),
-            superseded: CancellationToken::new(),
-        };
-        supervise(&state, &job, &job_run, &cancel, &cut).await
+        supervise(&state, &job, &cancel, &cut).await
     };
     hub.not_running_here(&job.id, job.attempts);
     conclude(&state, &job, stop, &cut).await;
@@ -102,14 +98,17 @@ pub async fn run(
 async fn supervise(
     state: &AppState,
     job: &JobRow,
-    job_run: &JobRun,
     cancel: &CancellationToken,
     cut: &CancellationToken,
 ) -> Stop {
+    let job_run = JobRun {
+        id: job.id.clone(),
+        superseded: CancellationToken::new(),
+    };
     let settings = &state.config().jobs;
     let lease_ms = i64::try_from(settings.lease_ms).unwrap_or(i64::MAX);
     let renew_every = (Duration::from_millis(settings.lease_ms) / 3).min(MAX_RENEW_EVERY);
-    let answer = attempt(state, job, job_run);
+    let answer = attempt(state, job, &job_run);
     tokio::pin!(answer);
     let mut renewals = tokio::time::interval(renew_every);
     renewals.tick().await;

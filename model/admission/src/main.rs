@@ -3,9 +3,8 @@
 //! [--broken] [--strict]`. `--broken`: with a `finish.lua` that forgets to release the
 //! slot; `--strict`: the properties without their documented exceptions.
 
-use std::time::Instant;
-
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use admission_model::properties;
 use admission_model::system::{Mutation, System};

@@ -10,28 +10,25 @@ use stateright::Property;
 use crate::scripts::{LAPSED_KEEP_US, Lease, Reply};
 use crate::system::{Phase, SECOND, State, System};
 
+/// The properties' names, as the checker reports them.
+pub const BUDGET: &str =
+    "budget: told usage <= budget + the usage of requests whose reservation vanished";
+pub const ONCE: &str = "no request counted twice";
+pub const SLOTS: &str =
+    "slots: running requests <= max_concurrent + those whose lease lapsed as they ran";
+pub const HELD: &str =
+    "a slot is held only by a request that runs (or died, until its lease lapses)";
+pub const ORDER: &str = "queue places granted in arrival order";
+pub const SETTLED: &str = "after the faults stop: all settled, all freed, counter = ledger = told";
+
 pub fn all() -> Vec<Property<System>> {
     vec![
-        Property::always(
-            "budget: told usage <= budget + the usage of requests whose reservation vanished",
-            |m, s| budget(m, s).is_ok(),
-        ),
-        Property::always("no request counted twice", |_, s: &State| once(s)),
-        Property::always(
-            "slots: running requests <= max_concurrent + those whose lease lapsed as they ran",
-            slots,
-        ),
-        Property::always(
-            "a slot is held only by a request that runs (or died, until its lease lapses)",
-            |_, s: &State| held(s),
-        ),
-        Property::always("queue places granted in arrival order", |_, s: &State| {
-            !s.ghost.out_of_order
-        }),
-        Property::always(
-            "after the faults stop: all settled, all freed, counter = ledger = told",
-            |m, s| quiesce(m, s).is_ok(),
-        ),
+        Property::always(BUDGET, |m, s| budget(m, s).is_ok()),
+        Property::always(ONCE, |_, s: &State| once(s)),
+        Property::always(SLOTS, slots),
+        Property::always(HELD, |_, s: &State| held(s)),
+        Property::always(ORDER, |_, s: &State| !s.ghost.out_of_order),
+        Property::always(SETTLED, |m, s| quiesce(m, s).is_ok()),
         // Not vacuous: the checker must reach each of these.
         Property::sometimes("a waiter starts from the queue", |_, s: &State| {
             s.ghost.arrivals > 0

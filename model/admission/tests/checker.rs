@@ -1,25 +1,19 @@
 //! The model checked in the test run: the standard set-up (three replicas, two
-//! requests, one fault of each kind) explored exhaustively to depth 16 — every
-//! request admitted, queued or seeded, settled and committed around several faults; `cargo run --release -p admission-model` checks further (the figures
-//! in docs/reliability.md). And two checks that the checker has teeth: a broken
+//! requests, one fault of each kind) explored exhaustively to depth 16 — every request
+//! admitted, queued or seeded, settled and committed around several faults;
+//! `cargo run --release -p admission-model` checks further (the figures in
+//! docs/reliability.md). And two checks that the checker has teeth: a broken
 //! `finish.lua` is caught, and each documented exception is needed by some run.
 
 use std::collections::BTreeSet;
 
-use admission_model::properties;
+use admission_model::properties::{self, BUDGET, HELD, SETTLED, SLOTS};
 use admission_model::system::{Mutation, System};
 use stateright::{Checker, HasDiscoveries, Model};
 
 /// How deep the test run explores: the whole space (depth 33) takes 13 minutes and
 /// 15 GB; this, about two minutes.
 const DEPTH: usize = 16;
-
-const BUDGET: &str =
-    "budget: told usage <= budget + the usage of requests whose reservation vanished";
-const SLOTS: &str =
-    "slots: running requests <= max_concurrent + those whose lease lapsed as they ran";
-const SETTLED: &str = "after the faults stop: all settled, all freed, counter = ledger = told";
-const HELD: &str = "a slot is held only by a request that runs (or died, until its lease lapses)";
 
 /// Checks `system` to [`DEPTH`], or until `found` has been found.
 fn check(system: System, found: Option<&[&'static str]>) -> impl Checker<System> {
