@@ -1488,9 +1488,16 @@ fn a_postgres_start_logs_no_notice_about_the_migration_table() {
 fn a_missing_postgres_database_is_named_once_with_how_to_create_it() {
     let server = std::env::var(common::postgres::POSTGRES_URL_VAR).expect("TEST_POSTGRES_URL");
     let name = format!("fg_missing_{}", uuid::Uuid::new_v4().simple());
+    let stderr = postgres_open_error(&common::postgres::with_database(&server, &name));
+    let missing = format!("database \"{name}\" does not exist");
+    assert_eq!(stderr.matches(&missing).count(), 1, "said once: {stderr}");
+    assert!(stderr.contains(&format!("createdb {name}")), "{stderr}");
+}
+
+/// Runs `keys list` on a PostgreSQL URL that cannot be opened: its one-line error.
+fn postgres_open_error(url: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
-    let config =
-        write_postgres_config(dir.path(), &common::postgres::with_database(&server, &name));
+    let config = write_postgres_config(dir.path(), url);
     let output = Command::new(FLEETGATE)
         .args(["keys", "list", "--config"])
         .arg(&config)
@@ -1499,7 +1506,31 @@ fn a_missing_postgres_database_is_named_once_with_how_to_create_it() {
     assert!(!output.status.success());
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    let missing = format!("database \"{name}\" does not exist");
-    assert_eq!(stderr.matches(&missing).count(), 1, "said once: {stderr}");
-    assert!(stderr.contains(&format!("createdb {name}")), "{stderr}");
+    stderr
+}
+
+#[test]
+fn an_unreachable_postgres_server_is_said_once() {
+    // A port nobody listens on: bound, then let go.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let stderr = postgres_open_error(&format!("postgres://postgres@127.0.0.1:{port}/test"));
+    assert_eq!(stderr.matches("refused").count(), 1, "said once: {stderr}");
+    assert!(stderr.contains("cannot reach the server"), "{stderr}");
+}
+
+#[test]
+#[ignore = "needs PostgreSQL (set TEST_POSTGRES_URL)"]
+fn a_refused_postgres_login_is_said_once_without_the_servers_source_line() {
+    let server = std::env::var(common::postgres::POSTGRES_URL_VAR).expect("TEST_POSTGRES_URL");
+    let role = format!("fg_nobody_{}", uuid::Uuid::new_v4().simple());
+    let url = server.replacen("postgres://postgres@", &format!("postgres://{role}@"), 1);
+    assert_ne!(url, server, "TEST_POSTGRES_URL names the user postgres");
+    let stderr = postgres_open_error(&url);
+    let refused = format!("role \"{role}\" does not exist");
+    assert_eq!(stderr.matches(&refused).count(), 1, "said once: {stderr}");
+    assert!(!stderr.contains(" at line "), "{stderr}");
 }
