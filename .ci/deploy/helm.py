@@ -13,7 +13,8 @@ loading, values.schema.json, the template engine and its functions, the lint rul
     helm.py template NAME CHART [-f VALUES]... [--namespace NS] [-o FILE]
         Like `helm template NAME CHART -f VALUES… --namespace NS`: the values checked
         against the chart's values.schema.json, then the manifests, one YAML stream
-        with a `# Source:` line before each (NOTES.txt left out, as helm does).
+        with a `# Source:` line before each (NOTES.txt left out, as helm does), in
+        the order of their template files (helm sorts them by kind instead).
 
 Run it with the deploy-check venv's python: target/deploy-check/venv/bin/python.
 """
