@@ -10,6 +10,7 @@ pub mod contract;
 pub mod error;
 pub mod fleet;
 pub mod http;
+pub mod https_certificate;
 pub mod job_hub;
 pub mod jobs;
 pub mod key_limits;

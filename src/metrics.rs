@@ -127,15 +127,19 @@ pub enum ConnectionRefusal {
     MalformedHead,
     /// A request head over the limits of `connections` (answered 431).
     HeadTooLarge,
+    /// A TLS handshake that failed (HTTPS only): not TLS, nothing in common, or the
+    /// client refused the certificate. (One not done in time is a `HeaderTimeout`.)
+    TlsHandshake,
 }
 
 impl ConnectionRefusal {
-    const ALL: [Self; 5] = [
+    const ALL: [Self; 6] = [
         Self::MaxOpen,
         Self::MaxOpenPerClient,
         Self::HeaderTimeout,
         Self::MalformedHead,
         Self::HeadTooLarge,
+        Self::TlsHandshake,
     ];
 
     fn as_str(self) -> &'static str {
@@ -145,6 +149,7 @@ impl ConnectionRefusal {
             Self::HeaderTimeout => "header_timeout",
             Self::MalformedHead => "malformed_head",
             Self::HeadTooLarge => "head_too_large",
+            Self::TlsHandshake => "tls_handshake",
         }
     }
 }

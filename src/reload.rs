@@ -10,6 +10,10 @@
 //! every beat, so they follow by themselves; the per-node metrics are started or dropped
 //! here.
 //!
+//! With `[tls]`, the certificate and key files are read again too, before the config
+//! file and whether or not it is refused (`https_certificate.rs`): new connections get
+//! the new certificate, open ones keep theirs.
+//!
 //! Every other setting is read once at start-up: one that changed is named in the
 //! answer and the log line (`restart.rs`) and takes effect only after a restart.
 
@@ -50,9 +54,15 @@ pub enum ReloadError {
     },
 }
 
-/// Reads the config file again and applies its nodes (one reload at a time).
+/// Reads the certificate files (with `[tls]`) and the config file again, and applies the
+/// file's nodes (one reload at a time).
 pub async fn reload(state: &AppState) -> Result<Reloaded, ReloadError> {
     let _one_at_a_time = state.reloading().lock().await;
+    // First, and whatever the config file holds: a certificate renewed on disk is
+    // served from now on (or the error is logged and the one served stays).
+    if let Some(certificate) = state.certificate() {
+        certificate.reload_logged();
+    }
     let path = state
         .config()
         .source

@@ -184,6 +184,17 @@ pub async fn serve(
     }
     let connections = state.config().connections.clone();
     let metrics = state.metrics().clone();
+    let tls = match state.certificate() {
+        Some(certificate) => {
+            tracing::info!(certificate = %certificate.describe(), "serving HTTPS");
+            Some(
+                certificate
+                    .server_config()
+                    .context("cannot set up TLS for the listener")?,
+            )
+        }
+        None => None,
+    };
     let workers = Workers::start(state.clone());
     let cut_jobs = workers.cutter();
     let jobs_hub = state.jobs().clone();
@@ -208,11 +219,15 @@ pub async fn serve(
         stop_jobs.cancelled().await;
         workers.shutdown(grace).await;
     };
+    let listener = crate::http::connections::Listener {
+        socket: listener,
+        max_open: connections.max_open,
+        tls,
+    };
     let server = crate::http::connections::serve(
         listener,
         router,
         &connections,
-        connections.max_open,
         &lanes,
         metrics,
         stop_accepting,
@@ -318,11 +333,16 @@ async fn serve_beside(
     let lanes = crate::http::connections::Lanes::start(0)
         .with_context(|| format!("cannot start the {what} listener"))?;
     Ok(tokio::spawn(async move {
+        let listener = crate::http::connections::Listener {
+            socket: listener,
+            max_open: settings.ops_max_open,
+            // Plain HTTP: these listeners are meant for a private interface.
+            tls: None,
+        };
         crate::http::connections::serve(
             listener,
             router,
             &settings,
-            settings.ops_max_open,
             &lanes,
             metrics,
             stop.cancelled_owned(),

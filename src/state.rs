@@ -12,6 +12,7 @@ use crate::admission::give_back::GiveBack;
 use crate::admission::renewals::Renewals;
 use crate::config::Config;
 use crate::fleet::Fleet;
+use crate::https_certificate::ServedCertificate;
 use crate::job_hub::JobHub;
 use crate::keys::KeyTable;
 use crate::ledger::Ledger;
@@ -54,6 +55,8 @@ struct Inner {
     reloading: tokio::sync::Mutex<()>,
     /// Completion jobs' long-polls and the runs on this replica.
     jobs: JobHub,
+    /// The certificate `listen` serves, with `[tls]`; a reload reads its files again.
+    certificate: Option<Arc<ServedCertificate>>,
 }
 
 impl AppState {
@@ -68,6 +71,10 @@ impl AppState {
         let fleet = Arc::new(Fleet::new(&config));
         let metrics = Metrics::new(&fleet);
         let jobs = JobHub::new(&config.jobs);
+        let certificate = match &config.tls {
+            Some(files) => Some(Arc::new(ServedCertificate::load(files)?)),
+            None => None,
+        };
         Ok(Self(Arc::new(Inner {
             config,
             give_back: GiveBack::start(Arc::clone(&limiter)),
@@ -84,6 +91,7 @@ impl AppState {
             metrics,
             reloading: tokio::sync::Mutex::new(()),
             jobs,
+            certificate,
         })))
     }
 
@@ -135,6 +143,10 @@ impl AppState {
     }
     pub fn jobs(&self) -> &JobHub {
         &self.0.jobs
+    }
+    /// The certificate `listen` serves over HTTPS; `None` without `[tls]` (plain HTTP).
+    pub fn certificate(&self) -> Option<&Arc<ServedCertificate>> {
+        self.0.certificate.as_ref()
     }
     pub fn reloading(&self) -> &tokio::sync::Mutex<()> {
         &self.0.reloading

@@ -21,5 +21,5 @@ pub use jobs::JobSettings;
 pub use load::ConfigError;
 pub use schema::{
     AdminToken, Config, ConnectionSettings, LimitDefaults, LogFormat, RequestLogSettings,
-    TraceSettings, UpstreamSettings, WorkbenchSettings,
+    TlsSettings, TraceSettings, UpstreamSettings, WorkbenchSettings,
 };

@@ -26,6 +26,10 @@ pub struct Config {
     /// the clients are. Unset: on `listen`, beside the API.
     #[serde(default)]
     pub admin_listen: Option<SocketAddr>,
+    /// HTTPS on `listen`: the certificate and key files (`https_certificate.rs`).
+    /// Unset: plain HTTP. `ops_listen` and `admin_listen` stay plain HTTP either way.
+    #[serde(default)]
+    pub tls: Option<TlsSettings>,
     /// `sqlite://path/file.db` (created if missing) or `postgres://user@host/db`. A
     /// relative SQLite path is relative to the config file's directory, not to where
     /// the command runs, so `serve` and `keys` always open the same file.
@@ -88,6 +92,19 @@ impl Config {
     pub fn default_model_index(&self) -> usize {
         self.models.iter().position(|m| m.default).unwrap_or(0)
     }
+}
+
+/// `[tls]`: the files of the certificate `listen` serves over HTTPS. Read at start-up
+/// and again on every reload (SIGHUP or `POST /admin/reload`); a relative path is
+/// relative to the config file's directory.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSettings {
+    /// PEM: the server's certificate first, then the intermediates that chain it to
+    /// the root the clients trust.
+    pub cert_file: PathBuf,
+    /// PEM: the certificate's private key (PKCS#8, PKCS#1 RSA or SEC1 EC).
+    pub key_file: PathBuf,
 }
 
 /// The Workbench and Loom (`http::routes::workbench`). Saved prompts, runs and trees stay until

@@ -25,6 +25,13 @@
 //! connection threads (`connections.threads`, one per CPU by default): the one with the
 //! fewest connections open when it is accepted (`lanes.rs`).
 //!
+//! With `[tls]` the API listener speaks HTTPS (`socket.rs`): the TLS handshake runs on
+//! the connection's thread, never in the accept loop, holding its slot under the cap, and
+//! is due when the first request head is; ALPN offers HTTP/2 and HTTP/1.1, and the
+//! protocol is then told by the first bytes as without TLS. A handshake that fails is a
+//! refusal too. The certificate is the one served when the handshake runs
+//! (`https_certificate.rs`).
+//!
 //! An HTTP/1 connection quiet for a moment after its last answer is handed back by hyper,
 //! so that an idle keep-alive connection holds no more than its socket and a waiting
 //! task (`client.rs`).
@@ -38,8 +45,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use rustls::ServerConfig;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -53,6 +62,7 @@ mod lanes;
 mod per_client;
 mod prefixed;
 mod refusals;
+mod socket;
 mod streams;
 
 pub use lanes::Lanes;
@@ -69,19 +79,33 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 /// Refusals are logged as counts at most this often.
 const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(1);
 
-/// Serves `router` on `listener` until `stop` resolves, at most `max_open` connections
-/// at once, each on one of `lanes`; then accepts no more connections, lets every open
-/// one finish the requests it has (HTTP/1 connections close after their current
-/// response, HTTP/2 ones get a GOAWAY), and returns once all are closed.
+/// A listening socket, and how its connections are taken.
+pub struct Listener {
+    pub socket: TcpListener,
+    /// The most connections open at once.
+    pub max_open: usize,
+    /// HTTPS with these settings; `None`: plain HTTP.
+    pub tls: Option<Arc<ServerConfig>>,
+}
+
+/// Serves `router` on `listener` until `stop` resolves, at most `listener.max_open`
+/// connections at once, each on one of `lanes`; then accepts no more connections, lets
+/// every open one finish the requests it has (HTTP/1 connections close after their
+/// current response, HTTP/2 ones get a GOAWAY), and returns once all are closed.
 pub async fn serve(
-    listener: TcpListener,
+    listener: Listener,
     router: Router,
     settings: &ConnectionSettings,
-    max_open: usize,
     lanes: &Lanes,
     metrics: Metrics,
     stop: impl Future<Output = ()>,
 ) {
+    let Listener {
+        socket: listener,
+        max_open,
+        tls,
+    } = listener;
+    let tls = tls.map(TlsAcceptor::from);
     let head_due = Duration::from_millis(settings.header_read_timeout_ms);
     let slots = Arc::new(Semaphore::new(max_open));
     let per_client = PerClient::new(settings.max_open_per_client);
@@ -130,10 +154,13 @@ pub async fn serve(
             tracing::warn!(error = %err, "could not set TCP_NODELAY");
         }
         let routed = exchange::routed(router.clone(), remote);
-        let (serving, metrics) = (Arc::clone(&serving), metrics.clone());
+        let (serving, metrics, tls) = (Arc::clone(&serving), metrics.clone(), tls.clone());
         lanes.serve(&connections, tcp, |tcp| async move {
             let _open = metrics.connection_open();
-            serving.serve(tcp, routed).await;
+            match tls {
+                None => serving.serve(tcp, routed).await,
+                Some(tls) => serving.serve_tls(tcp, &tls, routed).await,
+            }
             drop((slot, client));
         });
     }

@@ -14,6 +14,7 @@ pub fn needing_restart(running: &Config, next: &Config) -> Vec<String> {
         listen,
         ops_listen,
         admin_listen,
+        tls,
         database_url,
         max_body_bytes,
         shutdown_grace_ms,
@@ -36,6 +37,9 @@ pub fn needing_restart(running: &Config, next: &Config) -> Vec<String> {
         ("listen", *listen == next.listen),
         ("ops_listen", *ops_listen == next.ops_listen),
         ("admin_listen", *admin_listen == next.admin_listen),
+        // The files named are read again on every reload; other names, or TLS turned
+        // on or off, need a restart.
+        ("tls", *tls == next.tls),
         ("database_url", *database_url == next.database_url),
         ("max_body_bytes", *max_body_bytes == next.max_body_bytes),
         (

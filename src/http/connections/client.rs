@@ -1,6 +1,8 @@
 //! One client connection, from its first bytes to its close.
 //!
-//! Its first bytes tell the protocol: HTTP/2's connection preface, or HTTP/1.
+//! Its first bytes tell the protocol: HTTP/2's connection preface, or HTTP/1. Over
+//! HTTPS these are the first bytes inside TLS, after the handshake; ALPN's choice is not
+//! consulted (a client that chose h2 sends the preface), and the rest is the same.
 //!
 //! - **HTTP/2** is served by one hyper connection for the connection's life. One with
 //!   no request under way for `header_read_timeout_ms` (from its accept, or from the end
@@ -32,12 +34,14 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use super::exchange::{ExchangeService, Exchanges, Routed};
 use super::head_errors::{HeadErrors, MAX_HEAD_BYTES};
 use super::prefixed::Prefixed;
 use super::refusals::{Refusals, refusal};
+use super::socket::Socket;
 use super::streams::{StreamService, Streams};
 use crate::metrics::{ConnectionRefusal, Metrics};
 
@@ -109,13 +113,48 @@ impl Serving {
         }
     }
 
-    /// Serves `tcp` until the client or the server closes it.
-    pub(super) async fn serve(&self, mut tcp: TcpStream, routed: Routed) {
+    /// Serves `tcp` as plain HTTP until the client or the server closes it.
+    pub(super) async fn serve(&self, tcp: TcpStream, routed: Routed) {
         let opened = Instant::now();
-        let head_due = opened + self.head_due;
         // One wait for the whole connection (each new one takes a lock to register).
         let stopping = self.stopping.cancelled();
         tokio::pin!(stopping);
+        self.serve_socket(tcp, opened, routed, stopping).await;
+    }
+
+    /// Serves `tcp` as HTTPS: the TLS handshake first, on this connection's own task (a
+    /// slow one holds up no other), due with the first request head, within
+    /// `header_read_timeout_ms` of the accept; then as plain HTTP is served.
+    pub(super) async fn serve_tls(&self, tcp: TcpStream, tls: &TlsAcceptor, routed: Routed) {
+        let opened = Instant::now();
+        let stopping = self.stopping.cancelled();
+        tokio::pin!(stopping);
+        let handshake = tokio::select! {
+            done = tokio::time::timeout_at(opened + self.head_due, tls.accept(tcp)) => done,
+            () = stopping.as_mut() => return,
+        };
+        match handshake {
+            Ok(Ok(stream)) => self.serve_socket(stream, opened, routed, stopping).await,
+            Ok(Err(err)) => {
+                // Not TLS, no version or cipher in common, or the client refused the
+                // certificate: rustls's words say which, nothing the client sent.
+                tracing::debug!(error = %err, "TLS handshake failed");
+                self.refusals.note(ConnectionRefusal::TlsHandshake);
+            }
+            Err(_elapsed) => self.refusals.note(ConnectionRefusal::HeaderTimeout),
+        }
+    }
+
+    /// Serves `tcp` (the socket, or TLS on it), accepted at `opened`, until the client
+    /// or the server closes it.
+    async fn serve_socket<S: Socket>(
+        &self,
+        mut tcp: S,
+        opened: Instant,
+        routed: Routed,
+        mut stopping: Pin<&mut WaitForCancellationFuture<'_>>,
+    ) {
+        let head_due = opened + self.head_due;
         let first = tokio::select! {
             first = tokio::time::timeout_at(head_due, read_protocol(&mut tcp)) => first,
             () = stopping.as_mut() => return,
@@ -135,9 +174,9 @@ impl Serving {
     }
 
     /// `opened`: when the connection was accepted.
-    async fn serve_http2(
+    async fn serve_http2<S: Socket>(
         &self,
-        tcp: TcpStream,
+        tcp: S,
         first: Bytes,
         opened: Instant,
         routed: Routed,
@@ -187,9 +226,9 @@ impl Serving {
 
     /// hyper connections one after another, each for as long as the client keeps it busy;
     /// `head_due`: when the next request head must have begun, once one is awaited.
-    async fn serve_http1(
+    async fn serve_http1<S: Socket>(
         &self,
-        mut tcp: TcpStream,
+        mut tcp: S,
         mut unread: Bytes,
         mut head_due: Instant,
         routed: Routed,
@@ -273,9 +312,9 @@ impl Serving {
     /// Waits, holding no buffer, until the socket has something to read (the next
     /// request, or the client's close, which the next exchange then reads): `false` when
     /// the head is overdue (counted as a refusal) or the server is stopping.
-    async fn await_next_head(
+    async fn await_next_head<S: Socket>(
         &self,
-        tcp: &TcpStream,
+        tcp: &S,
         head_due: Instant,
         stopping: Pin<&mut WaitForCancellationFuture<'_>>,
     ) -> bool {
@@ -308,7 +347,7 @@ impl Serving {
 /// too, for at most [`LINGER`]. Closed with bytes unread, the socket would be reset, and
 /// a client still sending a body the answer refused (a 413 given from `Content-Length`)
 /// would get a broken pipe instead of the answer.
-async fn linger(mut tcp: TcpStream) {
+async fn linger<S: Socket>(mut tcp: S) {
     if tcp.shutdown().await.is_ok() {
         let mut sink = tokio::io::sink();
         let _ = tokio::time::timeout(LINGER, tokio::io::copy(&mut tcp, &mut sink)).await;
@@ -317,7 +356,7 @@ async fn linger(mut tcp: TcpStream) {
 
 /// Reads the connection's first bytes, as many as tell HTTP/2's preface from anything
 /// else (at most 24): empty when the client closed before sending any.
-async fn read_protocol(tcp: &mut TcpStream) -> io::Result<Bytes> {
+async fn read_protocol<S: Socket>(tcp: &mut S) -> io::Result<Bytes> {
     let mut first = [0u8; H2_PREFACE.len()];
     let mut n = 0;
     while n < first.len() && first[..n] == H2_PREFACE[..n] {

@@ -32,6 +32,7 @@ pub(super) struct Refusals {
     header_timeout: AtomicU64,
     malformed_head: AtomicU64,
     head_too_large: AtomicU64,
+    tls_handshake: AtomicU64,
 }
 
 impl Refusals {
@@ -43,6 +44,7 @@ impl Refusals {
             header_timeout: AtomicU64::new(0),
             malformed_head: AtomicU64::new(0),
             head_too_large: AtomicU64::new(0),
+            tls_handshake: AtomicU64::new(0),
         }
     }
 
@@ -54,6 +56,7 @@ impl Refusals {
             ConnectionRefusal::HeaderTimeout => &self.header_timeout,
             ConnectionRefusal::MalformedHead => &self.malformed_head,
             ConnectionRefusal::HeadTooLarge => &self.head_too_large,
+            ConnectionRefusal::TlsHandshake => &self.tls_handshake,
         }
         .fetch_add(1, Ordering::Relaxed);
     }
@@ -66,14 +69,23 @@ impl Refusals {
         let header_timeout = self.header_timeout.swap(0, Ordering::Relaxed);
         let malformed_head = self.malformed_head.swap(0, Ordering::Relaxed);
         let head_too_large = self.head_too_large.swap(0, Ordering::Relaxed);
-        if max_open + max_open_per_client + header_timeout + malformed_head + head_too_large > 0 {
+        let tls_handshake = self.tls_handshake.swap(0, Ordering::Relaxed);
+        if max_open
+            + max_open_per_client
+            + header_timeout
+            + malformed_head
+            + head_too_large
+            + tls_handshake
+            > 0
+        {
             tracing::warn!(
                 max_open,
                 max_open_per_client,
                 header_timeout,
                 malformed_head,
                 head_too_large,
-                "client connections refused (max_open: the connection cap was reached; max_open_per_client: the cap of connections from one address was reached; header_timeout: no complete request head in time; malformed_head: a request head that could not be parsed, answered 400; head_too_large: a request head over the limits, answered 431)"
+                tls_handshake,
+                "client connections refused (max_open: the connection cap was reached; max_open_per_client: the cap of connections from one address was reached; header_timeout: no TLS handshake or no complete request head in time; malformed_head: a request head that could not be parsed, answered 400; head_too_large: a request head over the limits, answered 431; tls_handshake: a failed TLS handshake)"
             );
         }
     }
