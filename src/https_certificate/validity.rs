@@ -17,14 +17,14 @@ pub(super) fn not_after(der: &[u8]) -> Option<String> {
     let (validity, _) = element(rest, SEQUENCE)?;
     let not_before_tag = *validity.first()?;
     let (_, after) = element(validity, not_before_tag)?;
-    match after.first()? {
-        &UTC_TIME => {
+    match *after.first()? {
+        UTC_TIME => {
             let time = std::str::from_utf8(element(after, UTC_TIME)?.0).ok()?;
             // Two-digit years: 50–99 are 19xx, 00–49 are 20xx (RFC 5280 4.1.2.5.1).
             let century = if time.get(..2)? >= "50" { "19" } else { "20" };
             format_time(&format!("{century}{time}"))
         }
-        &GENERALIZED_TIME => {
+        GENERALIZED_TIME => {
             format_time(std::str::from_utf8(element(after, GENERALIZED_TIME)?.0).ok()?)
         }
         _ => None,

@@ -116,6 +116,18 @@ pub fn start_mock(token_delay_ms: u64) -> (MockNode, String) {
 
 /// `fleetgate serve` on port 0; returns its base URL.
 pub fn serve(config: &Path, tag: &str) -> (Proc, String) {
+    let (proc, address) = serve_watching(config, tag, listening_address);
+    (proc, format!("http://{address}"))
+}
+
+/// `fleetgate serve` on port 0, every line it logs shown to `watch` (as long as it
+/// runs); returns once `watch` has picked something out of one, e.g. the address with
+/// [`listening_address`].
+pub fn serve_watching(
+    config: &Path,
+    tag: &str,
+    watch: impl Fn(&str) -> Option<String> + Send + 'static,
+) -> (Proc, String) {
     let mut child = Command::new(FLEETGATE)
         .args(["serve", "--config"])
         .arg(config)
@@ -124,8 +136,8 @@ pub fn serve(config: &Path, tag: &str) -> (Proc, String) {
         .unwrap();
     let stderr = child.stderr.take().unwrap();
     let proc = Proc(child);
-    let address = wait_for_line(stderr, tag.to_owned(), listening_address);
-    (proc, format!("http://{address}"))
+    let picked = wait_for_line(stderr, tag.to_owned(), watch);
+    (proc, picked)
 }
 
 /// The address in `fleetgate serve`'s `fleetgate listening … address=…` log line.
