@@ -28,6 +28,7 @@ use crate::background::prober::Prober;
 use crate::background::{checkpoint_sweeper, job_upkeep, request_log_retention, service_exchange};
 use crate::config::{Config, LogFormat, TraceSettings};
 use crate::http::router::build_router;
+use crate::https_certificate::ServedCertificate;
 use crate::keys::KeyTable;
 use crate::ledger::Ledger;
 use crate::state::AppState;
@@ -97,9 +98,17 @@ pub fn init_logging(format: LogFormat, traces: &TraceSettings) -> anyhow::Result
     })
 }
 
-/// Opens the store named by the config, sets up the live counters (Redis when
-/// configured, else in process) and builds the application state.
+/// Reads the HTTPS certificate (with `[tls]`), opens the store named by the config, sets
+/// up the live counters (Redis when configured, else in process) and builds the
+/// application state.
 pub async fn prepare(config: Config) -> anyhow::Result<AppState> {
+    // First: a certificate that cannot be used stops the start before the store is
+    // opened and migrated.
+    let certificate = config
+        .tls
+        .as_ref()
+        .map(ServedCertificate::load)
+        .transpose()?;
     let store = crate::store::connect(&config.database_url).await?;
     let writer = Ledger::start(Arc::clone(&store));
     let ledger: Arc<dyn UsageSource> = Arc::new(LedgerUsage {
@@ -128,7 +137,7 @@ pub async fn prepare(config: Config) -> anyhow::Result<AppState> {
     let keys = KeyTable::load(Arc::clone(&store))
         .await
         .context("reading the API keys")?;
-    AppState::new(config, store, keys, writer, limiter)
+    AppState::new(config, store, keys, writer, limiter, certificate)
 }
 
 /// Binds a listener on `address`. A failure (most often the port is taken, by another

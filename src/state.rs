@@ -66,15 +66,12 @@ impl AppState {
         keys: Arc<KeyTable>,
         ledger: Ledger,
         limiter: Arc<dyn Limiter>,
+        certificate: Option<ServedCertificate>,
     ) -> anyhow::Result<Self> {
         let upstream = UpstreamClient::new(&config.upstream)?;
         let fleet = Arc::new(Fleet::new(&config));
         let metrics = Metrics::new(&fleet);
         let jobs = JobHub::new(&config.jobs);
-        let certificate = match &config.tls {
-            Some(files) => Some(Arc::new(ServedCertificate::load(files)?)),
-            None => None,
-        };
         Ok(Self(Arc::new(Inner {
             config,
             give_back: GiveBack::start(Arc::clone(&limiter)),
@@ -91,7 +88,7 @@ impl AppState {
             metrics,
             reloading: tokio::sync::Mutex::new(()),
             jobs,
-            certificate,
+            certificate: certificate.map(Arc::new),
         })))
     }
 

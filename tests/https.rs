@@ -25,7 +25,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::cli::create_key;
-use common::processes::{MockNode, Proc, listening_address, serve_watching, signal, start_mock};
+use common::processes::{
+    FLEETGATE, MockNode, Proc, listening_address, serve_watching, signal, start_mock,
+};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, KeyUsagePurpose,
@@ -521,4 +523,40 @@ async fn a_bad_certificate_on_reload_keeps_the_one_served() {
             .unwrap();
         assert_eq!(answer.certificate, served.der, "the old one still served");
     }
+}
+
+#[test]
+fn a_certificate_that_cannot_be_used_stops_the_start_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new();
+    let (cert, other) = (ca.issue(), ca.issue());
+    install(dir.path(), &cert.cert_pem, &other.key_pem);
+    let config = write_config(dir.path(), "http://127.0.0.1:9", "");
+    let mut child = Proc(
+        std::process::Command::new(FLEETGATE)
+            .args(["serve", "--config"])
+            .arg(&config)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(started.elapsed() < DEADLINE, "still running");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut said = String::new();
+    std::io::Read::read_to_string(&mut child.0.stderr.take().unwrap(), &mut said).unwrap();
+    assert!(!status.success());
+    assert!(
+        said.contains("key.pem is not the key of the certificate in") && said.contains("cert.pem"),
+        "{said}"
+    );
+    assert!(
+        !dir.path().join("fg.db").exists(),
+        "stopped before the store was opened"
+    );
 }

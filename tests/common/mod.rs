@@ -263,7 +263,7 @@ async fn state(config: Config) -> (AppState, Arc<LocalLimiter>, String) {
     let keys = fleetgate::keys::KeyTable::load(Arc::clone(&store))
         .await
         .unwrap();
-    let state = AppState::new(config, store, keys, writer, limiter.clone()).unwrap();
+    let state = AppState::new(config, store, keys, writer, limiter.clone(), None).unwrap();
     let key = fleetgate::key_secret::generate();
     state
         .store()
