@@ -285,19 +285,59 @@ async fn completions_are_served_over_https_and_a_silent_client_is_closed() {
         .await;
     assert!(plain.is_err(), "{plain:?}");
 
-    let metrics = ca
-        .client(false)
-        .get(format!("{}/metrics", server.url))
+    let client = ca.client(false);
+    for reason in ["header_timeout", "tls_handshake"] {
+        assert_eq!(refusals(&client, &server.url, reason).await, 1, "{reason}");
+    }
+}
+
+#[tokio::test]
+async fn a_connection_in_its_handshake_holds_its_place_under_the_caps() {
+    let Https {
+        dir: _dir,
+        ca,
+        first: _,
+        key: _,
+        server,
+        _node,
+    } = serve_https(0, "max_open_per_client = 1");
+    // A client that connects and says nothing takes this address's one place...
+    let silent = tokio::net::TcpStream::connect(&server.address)
+        .await
+        .unwrap();
+    let client = ca.client(true);
+    let health = format!("{}/health", server.url);
+    let refused = client.get(&health).send().await;
+    assert!(refused.is_err(), "{refused:?}");
+    // ...until it goes.
+    drop(silent);
+    let started = Instant::now();
+    while client.get(&health).send().await.is_err() {
+        assert!(started.elapsed() < DEADLINE, "the place never freed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The same connection, kept alive: the only one this address may have.
+    let refused = refusals(&client, &server.url, "max_open_per_client").await;
+    assert!(refused >= 1, "the refused connection counted");
+}
+
+/// The server's `fleetgate_connection_refusals_total` for `reason`, scraped by `client`.
+async fn refusals(client: &reqwest::Client, url: &str, reason: &str) -> u64 {
+    let metrics = client
+        .get(format!("{url}/metrics"))
         .send()
         .await
         .unwrap()
         .text()
         .await
         .unwrap();
-    for reason in ["header_timeout", "tls_handshake"] {
-        let line = format!("fleetgate_connection_refusals_total{{reason=\"{reason}\"}} 1");
-        assert!(metrics.contains(&line), "{line} in:\n{metrics}");
-    }
+    let series = format!("fleetgate_connection_refusals_total{{reason=\"{reason}\"}} ");
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(&series))
+        .unwrap_or_else(|| panic!("{series} in:\n{metrics}"))
+        .parse()
+        .unwrap()
 }
 
 /// How a load worker connects.
