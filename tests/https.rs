@@ -35,7 +35,7 @@ use rcgen::{
 use reqwest::Version;
 use reqwest::tls::TlsInfo;
 use sha2::{Digest as _, Sha256};
-use tokio::io::AsyncReadExt as _;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 /// How long anything polled here may take to come true.
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -158,8 +158,7 @@ impl Server {
 }
 
 /// A gateway serving HTTPS with a certificate of a test CA's, in front of a node whose
-/// tokens come `token_delay_ms` apart, with `connections` in its `[connections]`. Bind
-/// every field: the directory and the node go when dropped.
+/// tokens come `token_delay_ms` apart, with `connections` in its `[connections]`.
 struct Https {
     dir: tempfile::TempDir,
     ca: Arc<TestCa>,
@@ -247,20 +246,17 @@ async fn complete(
 
 #[tokio::test]
 async fn completions_are_served_over_https_and_a_silent_client_is_closed() {
-    let Https {
-        dir: _dir,
-        ca,
-        first: issued,
-        key,
-        server,
-        _node,
-    } = serve_https(0, "header_read_timeout_ms = 500");
+    let https = serve_https(0, "header_read_timeout_ms = 500");
+    let ca = &https.ca;
+    let issued = &https.first;
+    let key = &https.key;
+    let server = &https.server;
     server
         .logged(&["serving HTTPS", &fingerprint(&issued.der), "expires"])
         .await;
 
     for (http1, version) in [(false, Version::HTTP_2), (true, Version::HTTP_11)] {
-        let answer = complete(&ca.client(http1), &server.url, &key, false)
+        let answer = complete(&ca.client(http1), &server.url, key, false)
             .await
             .unwrap();
         assert_eq!(answer.version, version, "told by ALPN");
@@ -293,14 +289,9 @@ async fn completions_are_served_over_https_and_a_silent_client_is_closed() {
 
 #[tokio::test]
 async fn a_connection_in_its_handshake_holds_its_place_under_the_caps() {
-    let Https {
-        dir: _dir,
-        ca,
-        first: _,
-        key: _,
-        server,
-        _node,
-    } = serve_https(0, "max_open_per_client = 1");
+    let https = serve_https(0, "max_open_per_client = 1");
+    let ca = &https.ca;
+    let server = &https.server;
     // A client that connects and says nothing takes this address's one place...
     let silent = tokio::net::TcpStream::connect(&server.address)
         .await
@@ -323,6 +314,12 @@ async fn a_connection_in_its_handshake_holds_its_place_under_the_caps() {
 
 /// The server's `fleetgate_connection_refusals_total` for `reason`, scraped by `client`.
 async fn refusals(client: &reqwest::Client, url: &str, reason: &str) -> u64 {
+    let series = format!("fleetgate_connection_refusals_total{{reason=\"{reason}\"}}");
+    metric(client, url, &series).await
+}
+
+/// The value of `series` (name and labels) in the server's `/metrics`.
+async fn metric(client: &reqwest::Client, url: &str, series: &str) -> u64 {
     let metrics = client
         .get(format!("{url}/metrics"))
         .send()
@@ -331,13 +328,77 @@ async fn refusals(client: &reqwest::Client, url: &str, reason: &str) -> u64 {
         .text()
         .await
         .unwrap();
-    let series = format!("fleetgate_connection_refusals_total{{reason=\"{reason}\"}} ");
+    let series = format!("{series} ");
     metrics
         .lines()
         .find_map(|line| line.strip_prefix(&series))
         .unwrap_or_else(|| panic!("{series} in:\n{metrics}"))
         .parse()
         .unwrap()
+}
+
+#[tokio::test]
+async fn an_idle_https_keep_alive_connection_serves_its_next_request() {
+    let https = serve_https(0, "");
+    let ca = &https.ca;
+    let server = &https.server;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.0.der().clone()).unwrap();
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(&server.address)
+        .await
+        .unwrap();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    // No ALPN: HTTP/1.1, told by the first bytes.
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .unwrap();
+    let scraper = ca.client(false);
+    for _ in 0..2 {
+        tls.write_all(b"GET /live HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+            .await
+            .unwrap();
+        let response = read_response(&mut tls).await;
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        // Quiet after its answer, the connection is handed back by hyper and waits for
+        // the next request, TLS and all.
+        let started = Instant::now();
+        while metric(&scraper, &server.url, "fleetgate_idle_connections").await != 1 {
+            assert!(started.elapsed() < DEADLINE, "never idle");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// One HTTP/1.1 response with a `Content-Length` body, read whole.
+async fn read_response(stream: &mut (impl tokio::io::AsyncRead + Unpin)) -> String {
+    let mut response = Vec::new();
+    let whole = |bytes: &[u8]| {
+        let text = String::from_utf8_lossy(bytes).to_lowercase();
+        let Some((head, body)) = text.split_once("\r\n\r\n") else {
+            return false;
+        };
+        head.lines()
+            .find_map(|line| line.strip_prefix("content-length: "))
+            .and_then(|n| n.trim().parse::<usize>().ok())
+            .is_some_and(|n| body.len() >= n)
+    };
+    let mut buf = [0u8; 4096];
+    while !whole(&response) {
+        let n = tokio::time::timeout(DEADLINE, stream.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_ne!(n, 0, "closed before a whole response");
+        response.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8(response).unwrap()
 }
 
 /// How a load worker connects.
@@ -412,14 +473,12 @@ async fn until_each(what: &str, tallies: &[Arc<Mutex<Tally>>], done: impl Fn(&Ta
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_certificate_rotated_by_sighup_mid_load_fails_no_request() {
     // Tokens 5 ms apart: a streamed answer is under way for some 80 ms.
-    let Https {
-        dir,
-        ca,
-        first: old,
-        key,
-        server,
-        _node,
-    } = serve_https(5, "");
+    let https = serve_https(5, "");
+    let dir = &https.dir;
+    let ca = &https.ca;
+    let old = &https.first;
+    let key = &https.key;
+    let server = &https.server;
     let new = ca.issue();
 
     let (rotated, stop) = (
@@ -452,7 +511,7 @@ async fn a_certificate_rotated_by_sighup_mid_load_fails_no_request() {
         let tally = Arc::new(Mutex::new(Tally::default()));
         tallies.push(Arc::clone(&tally));
         running.push(tokio::spawn(load(
-            Arc::clone(&ca),
+            Arc::clone(ca),
             connecting,
             server.url.clone(),
             key.clone(),
@@ -471,7 +530,7 @@ async fn a_certificate_rotated_by_sighup_mid_load_fails_no_request() {
     // The new certificate is served once a new connection gets it.
     let started = Instant::now();
     loop {
-        let answer = complete(&ca.client(true), &server.url, &key, false)
+        let answer = complete(&ca.client(true), &server.url, key, false)
             .await
             .unwrap();
         if answer.certificate == new.der {
@@ -525,14 +584,12 @@ async fn a_certificate_rotated_by_sighup_mid_load_fails_no_request() {
 
 #[tokio::test]
 async fn a_bad_certificate_on_reload_keeps_the_one_served() {
-    let Https {
-        dir,
-        ca,
-        first: served,
-        key,
-        server,
-        _node,
-    } = serve_https(0, "");
+    let https = serve_https(0, "");
+    let dir = &https.dir;
+    let ca = &https.ca;
+    let served = &https.first;
+    let key = &https.key;
+    let server = &https.server;
 
     // A renewed certificate beside the old key, as when a renewal stopped half-way.
     let renewed = ca.issue();
@@ -558,7 +615,7 @@ async fn a_bad_certificate_on_reload_keeps_the_one_served() {
         .await;
 
     for http1 in [false, true] {
-        let answer = complete(&ca.client(http1), &server.url, &key, false)
+        let answer = complete(&ca.client(http1), &server.url, key, false)
             .await
             .unwrap();
         assert_eq!(answer.certificate, served.der, "the old one still served");
