@@ -1,7 +1,7 @@
 //! Loading: serde's defaults, then one TOML file, then `FLEETGATE_*` environment
 //! variables (figment), then validation (`validate.rs`). A relative SQLite path in the
-//! file is made relative to the file's directory, and figment's errors are said once
-//! each, by key.
+//! file, and a relative `redis_tls` file, is made relative to the file's directory, and
+//! figment's errors are said once each, by key.
 
 use std::path::Path;
 
@@ -34,6 +34,7 @@ impl Config {
         let dir = path.parent().unwrap_or(Path::new(""));
         let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
         config.database_url = sqlite_relative_to(&config.database_url, &dir);
+        config.redis_tls.relative_to(&dir);
         config.source = Some(path.to_owned());
         Ok(config)
     }

@@ -4,6 +4,7 @@
 //!
 //! - `h1`: the HTTP/1.1 client that forwards completions to `http://` nodes;
 //! - `resp`: the RESP client the Redis limiter's scripts run on;
+//! - `redis_stream`: the stream every Redis connection runs on, TLS included;
 //! - `sse_frame`: one SSE frame of a completion stream, its token fields read in one
 //!   pass (the stream meter's);
 //! - `log_line`: a text log line and its fields, byte for byte what tracing-subscriber's
@@ -14,5 +15,6 @@
 
 pub(crate) mod h1;
 pub(crate) mod log_line;
+pub(crate) mod redis_stream;
 pub(crate) mod resp;
 pub mod sse_frame;
