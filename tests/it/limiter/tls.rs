@@ -47,6 +47,15 @@ async fn tls_redis(dir: &Path, auth_clients: &str) -> (TestCa, RedisServer, Stri
     (ca, redis, format!("rediss://127.0.0.1:{tls_port}"), port)
 }
 
+/// Trusting `ca`, and expecting the name its server certificate carries.
+fn trusting(ca: &TestCa) -> RedisTlsSettings {
+    RedisTlsSettings {
+        ca_file: Some(ca.cert.clone()),
+        server_name: Some("localhost".to_owned()),
+        ..RedisTlsSettings::default()
+    }
+}
+
 /// Admits, queues, wakes (through the subscription) and settles over TLS, the usage
 /// counted in Redis; another CA, or the certificate's name missing, refuses every call
 /// saying why.
@@ -55,11 +64,7 @@ async fn tls_redis(dir: &Path, auth_clients: &str) -> (TestCa, RedisServer, Stri
 async fn the_limiter_works_over_tls_and_refuses_a_server_it_cannot_trust() {
     let dir = tempfile::tempdir().unwrap();
     let (ca, _redis, url, plain_port) = tls_redis(dir.path(), "no").await;
-    let trusted = RedisTlsSettings {
-        ca_file: Some(ca.cert.clone()),
-        server_name: Some("localhost".to_owned()),
-        ..RedisTlsSettings::default()
-    };
+    let trusted = trusting(&ca);
     let ledger = Arc::new(Ledger::default());
     let month = Month::now();
     ledger.set(1, month, 100);
@@ -136,11 +141,7 @@ async fn the_limiter_works_over_tls_and_refuses_a_server_it_cannot_trust() {
 async fn mutual_tls_presents_the_client_certificate() {
     let dir = tempfile::tempdir().unwrap();
     let (ca, _redis, url, _) = tls_redis(dir.path(), "yes").await;
-    let server_only = RedisTlsSettings {
-        ca_file: Some(ca.cert.clone()),
-        server_name: Some("localhost".to_owned()),
-        ..RedisTlsSettings::default()
-    };
+    let server_only = trusting(&ca);
     let ledger = Arc::new(Ledger::default());
     let anonymous = limiter_over(&url, &server_only, &ledger, RedisLimiterOptions::default());
     refusal(&anonymous).await;
