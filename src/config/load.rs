@@ -141,6 +141,18 @@ mod tests {
     }
 
     #[test]
+    fn relative_redis_tls_files_are_relative_to_the_config_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fleetgate.toml");
+        let keys = "ca_file = \"tls/ca.pem\"\ncert_file = \"/etc/tls/client.pem\"";
+        std::fs::write(&path, document("redis_tls", keys, "")).unwrap();
+        let tls = Config::load(&path).unwrap().redis_tls;
+        assert_eq!(tls.ca_file, Some(dir.path().join("tls/ca.pem")));
+        assert_eq!(tls.cert_file, Some("/etc/tls/client.pem".into()));
+        assert_eq!(tls.key_file, None);
+    }
+
+    #[test]
     fn an_unknown_key_is_named_with_its_section() {
         let document = document("traces", "endpoint = \"http://collector:4318\"", "");
         let refused = Config::from_toml(&document)
