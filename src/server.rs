@@ -18,8 +18,8 @@ use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::admission::ledger::LedgerUsage;
 use crate::admission::local::LocalLimiter;
-use crate::admission::redis::RedisLimiter;
 use crate::admission::redis::journal::{self, JournalStore};
+use crate::admission::redis::{RedisLimiter, RedisLimiterOptions, RedisTarget};
 use crate::admission::unlimited::Unlimited;
 use crate::admission::{Limiter, UsageSource};
 
@@ -102,29 +102,34 @@ pub fn init_logging(format: LogFormat, traces: &TraceSettings) -> anyhow::Result
 /// up the live counters (Redis when configured, else in process) and builds the
 /// application state.
 pub async fn prepare(config: Config) -> anyhow::Result<AppState> {
-    // First: a certificate that cannot be used stops the start before the store is
-    // opened and migrated.
+    // Read before the store opens (and migrates): a certificate, Redis URL or TLS file
+    // that cannot be used stops the start before anything is done.
     let certificate = config
         .tls
         .as_ref()
         .map(ServedCertificate::load)
         .transpose()?;
+    let redis = match &config.redis_url {
+        Some(url) if config.limits.enabled => Some(RedisTarget::new(url, &config.redis_tls)?),
+        _ => None,
+    };
     let store = crate::store::connect(&config.database_url).await?;
     let writer = Ledger::start(Arc::clone(&store));
     let ledger: Arc<dyn UsageSource> = Arc::new(LedgerUsage {
         store: Arc::clone(&store),
         writer: writer.clone(),
     });
-    let limiter: Arc<dyn Limiter> = match &config.redis_url {
+    let limiter: Arc<dyn Limiter> = match redis {
         _ if !config.limits.enabled => Arc::new(Unlimited::new(ledger)),
         // Connects lazily: the gateway starts while Redis is down and refuses requests
         // (503 admission_unavailable) until it is back.
-        Some(url) => {
-            let redis = Arc::new(RedisLimiter::connect(
-                url,
+        Some(target) => {
+            let redis = Arc::new(RedisLimiter::connect_to(
+                target,
                 &config.redis_key_prefix,
                 ledger,
-            )?);
+                RedisLimiterOptions::default(),
+            ));
             redis.refuse_cluster().await?;
             let weak: Weak<dyn JournalStore> = Arc::downgrade(&redis) as Weak<RedisLimiter>;
             writer.report_commits_to(journal::forget(weak.clone()));

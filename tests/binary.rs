@@ -1,6 +1,6 @@
 //! The real binaries on port 0: `fleetgate keys …`, `fleetgate serve` in front of the
-//! `mock-vllm` binary, `fleetgate demo` and its printed curl line, and memory use while a
-//! large body streams through.
+//! `mock-vllm` binary (also with every store over TLS), `fleetgate demo` and its printed
+//! curl line, and memory use while a large body streams through.
 //!
 //! The tests on a PostgreSQL store are ignored by default; run them with
 //! `TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test cargo test --test binary postgres -- --include-ignored`.
@@ -16,7 +16,14 @@ mod common {
     pub mod cli;
     pub mod jobs;
     pub mod postgres;
+    pub mod private_postgres;
     pub mod processes;
+    #[expect(
+        dead_code,
+        reason = "only a TLS server is started here, never a plain one, nor killed"
+    )]
+    pub mod redis_server;
+    pub mod tls;
 }
 
 use std::path::Path;
@@ -1533,4 +1540,91 @@ fn a_refused_postgres_login_is_said_once_without_the_servers_source_line() {
     let refused = format!("role \"{role}\" does not exist");
     assert_eq!(stderr.matches(&refused).count(), 1, "said once: {stderr}");
     assert!(!stderr.contains(" at line "), "{stderr}");
+}
+
+/// Every store over TLS at once, as a managed deployment has them: the limiter on a
+/// `rediss://` Redis that wants a client certificate (its CA trusted through
+/// `SSL_CERT_FILE`, as in other rustls programs; the certificate's name given by
+/// `server_name`, since the URL names an IP address), the store on PostgreSQL with
+/// `sslmode=verify-full`. A completion is served, and its tokens are counted in both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs redis-server (with TLS), PostgreSQL's binaries (/usr/lib/postgresql) and openssl"]
+async fn serves_with_every_store_over_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = common::tls::TestCa::new(dir.path(), "store-ca");
+    let postgres = common::private_postgres::PrivatePostgres::start(
+        &ca.server("postgres", "DNS:localhost,IP:127.0.0.1"),
+    );
+    let (port, tls_port) = (
+        common::redis_server::free_port(),
+        common::redis_server::free_port(),
+    );
+    let redis_cert = ca.server("redis", "DNS:localhost");
+    let _redis = common::tls::redis_server(port, tls_port, &redis_cert, &ca, "yes").await;
+    let client = ca.client("gateway");
+    let (_mock, upstream) = start_mock(0);
+    let config = dir.path().join("fleetgate.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\n\
+             database_url = \"{}\"\n\
+             redis_url = \"rediss://127.0.0.1:{tls_port}\"\n\n\
+             [redis_tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\nserver_name = \"localhost\"\n\n\
+             [[models]]\nid = \"llama-8b\"\n\n[[models.upstreams]]\nurl = \"{upstream}\"\ngpu = \"gpu-a\"\n",
+            postgres.url(&format!(
+                "sslmode=verify-full&sslrootcert={}",
+                ca.cert.display()
+            )),
+            client.cert.display(),
+            client.key.display(),
+        ),
+    )
+    .unwrap();
+    let secret = create_key(&config, "tls");
+
+    let mut child = Command::new(FLEETGATE)
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env("SSL_CERT_FILE", &ca.cert)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let server = Proc(child);
+    let url = format!(
+        "http://{}",
+        wait_for_line(stderr, "fleetgate".to_owned(), listening_address)
+    );
+    let body = serde_json::json!({"model": "llama-8b", "prompt": "Hi", "max_tokens": 2});
+    let served = complete(&url, &secret, body).await;
+    assert_eq!(served.status(), 200);
+    served.bytes().await.unwrap();
+
+    // Counted in Redis (the key's usage is the limiter's), and in PostgreSQL's ledger
+    // (written behind, within milliseconds).
+    let usage: serde_json::Value = reqwest::Client::new()
+        .get(format!("{url}/v1/usage"))
+        .bearer_auth(&secret)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let counted = usage["used"].as_u64().unwrap();
+    assert!(counted > 0, "{usage}");
+    let settled = std::time::Instant::now();
+    loop {
+        let ledger = fleetgate(&config, &["keys", "usage", &secret[..12], "--json"]);
+        let ledger: serde_json::Value = serde_json::from_slice(&ledger.stdout).unwrap();
+        if ledger["used_tokens"].as_u64() == Some(counted) {
+            break;
+        }
+        assert!(
+            settled.elapsed() < Duration::from_secs(5),
+            "the ledger has {ledger}, Redis {counted}"
+        );
+    }
+    assert!(terminate(server));
 }

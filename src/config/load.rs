@@ -1,7 +1,7 @@
 //! Loading: serde's defaults, then one TOML file, then `FLEETGATE_*` environment
 //! variables (figment), then validation (`validate.rs`). A relative SQLite path in the
-//! file, and a relative `[tls]` file, is made relative to the file's directory, and figment's errors are said once
-//! each, by key.
+//! file, and a relative `[tls]` or `redis_tls` file, is made relative to the file's
+//! directory, and figment's errors are said once each, by key.
 
 use std::path::Path;
 
@@ -38,6 +38,7 @@ impl Config {
             tls.cert_file = dir.join(&tls.cert_file);
             tls.key_file = dir.join(&tls.key_file);
         }
+        config.redis_tls.relative_to(&dir);
         config.source = Some(path.to_owned());
         Ok(config)
     }
@@ -141,6 +142,18 @@ mod tests {
         ] {
             assert_eq!(sqlite_relative_to(kept, dir), kept);
         }
+    }
+
+    #[test]
+    fn relative_redis_tls_files_are_relative_to_the_config_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fleetgate.toml");
+        let keys = "ca_file = \"tls/ca.pem\"\ncert_file = \"/etc/tls/client.pem\"";
+        std::fs::write(&path, document("redis_tls", keys, "")).unwrap();
+        let tls = Config::load(&path).unwrap().redis_tls;
+        assert_eq!(tls.ca_file, Some(dir.path().join("tls/ca.pem")));
+        assert_eq!(tls.cert_file, Some("/etc/tls/client.pem".into()));
+        assert_eq!(tls.key_file, None);
     }
 
     #[test]

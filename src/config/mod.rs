@@ -20,6 +20,6 @@ pub use fleet::{
 pub use jobs::JobSettings;
 pub use load::ConfigError;
 pub use schema::{
-    AdminToken, Config, ConnectionSettings, LimitDefaults, LogFormat, RequestLogSettings,
-    TlsSettings, TraceSettings, UpstreamSettings, WorkbenchSettings,
+    AdminToken, Config, ConnectionSettings, LimitDefaults, LogFormat, RedisTlsSettings,
+    RequestLogSettings, TlsSettings, TraceSettings, UpstreamSettings, WorkbenchSettings,
 };

@@ -64,6 +64,10 @@ pub struct Config {
     /// Prefix of every Redis key fleetgate writes, so deployments can share a server.
     #[serde(default = "default_redis_key_prefix")]
     pub redis_key_prefix: String,
+    /// TLS to Redis (a `rediss://` URL): extra trusted roots, a client certificate,
+    /// the certificate's name.
+    #[serde(default)]
+    pub redis_tls: RedisTlsSettings,
     /// Bearer token for the `/admin` API; without it the admin API is off (404).
     #[serde(default)]
     pub admin_token: Option<AdminToken>,
@@ -105,6 +109,44 @@ pub struct TlsSettings {
     pub cert_file: PathBuf,
     /// PEM: the certificate's private key (PKCS#8, PKCS#1 RSA or SEC1 EC).
     pub key_file: PathBuf,
+}
+
+/// TLS to Redis (`redis_tls`), for every Redis connection of a `rediss://` URL. The
+/// server's certificate is checked against the platform's roots (and `SSL_CERT_FILE`)
+/// plus `ca_file`. Relative paths are relative to the config file's directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisTlsSettings {
+    /// PEM file of CA certificates to trust besides the platform's (a private CA).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// PEM file of the client certificate (chain) for mutual TLS; needs `key_file`.
+    #[serde(default)]
+    pub cert_file: Option<PathBuf>,
+    /// PEM file of the client certificate's private key.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
+    /// The name the server's certificate must carry, when it is not the URL's host
+    /// (connecting by IP address, or through a tunnel).
+    #[serde(default)]
+    pub server_name: Option<String>,
+}
+
+impl RedisTlsSettings {
+    /// Whether any setting is given.
+    pub fn is_set(&self) -> bool {
+        *self != Self::default()
+    }
+
+    /// The files' paths made relative to `dir` (the config file's directory).
+    pub(super) fn relative_to(&mut self, dir: &std::path::Path) {
+        for file in [&mut self.ca_file, &mut self.cert_file, &mut self.key_file]
+            .into_iter()
+            .flatten()
+        {
+            *file = dir.join(&*file);
+        }
+    }
 }
 
 /// The Workbench and Loom (`http::routes::workbench`). Saved prompts, runs and trees stay until

@@ -19,15 +19,16 @@
 //! the `redis` crate: it is rare, and some of it needs other value types.
 
 use std::collections::VecDeque;
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use ::redis::{ConnectionAddr, ConnectionInfo};
+use ::redis::RedisConnectionInfo;
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
+
+use super::redis_stream::{Address, Stream};
 
 /// Arrays nested deeper than this are a protocol error (no script returns any).
 const MAX_DEPTH: usize = 4;
@@ -250,40 +251,31 @@ fn integer(line: &[u8]) -> Result<i64, String> {
         .ok_or_else(|| "a malformed integer in a reply".to_owned())
 }
 
-/// Where and how to connect: the address, credentials and database of the limiter's
-/// Redis URL (as the `redis` crate reads it).
+/// Where and how to connect: the address (and TLS), credentials and database of the
+/// limiter's Redis URL (as the `redis` crate reads it).
 pub(crate) struct Endpoint {
-    addr: Addr,
+    address: Address,
     /// `AUTH` after connecting: the username (ACL) if any, and the password.
     auth: Option<(Option<String>, String)>,
     db: i64,
     connect_timeout: Duration,
 }
 
-enum Addr {
-    Tcp(String, u16),
-    Unix(PathBuf),
-}
-
 impl Endpoint {
-    /// `None` for an address this client cannot reach (TLS, which this build of the
-    /// `redis` crate refuses when parsing the URL anyway).
-    pub(crate) fn of(info: &ConnectionInfo, connect_timeout: Duration) -> Option<Self> {
-        let addr = match info.addr() {
-            ConnectionAddr::Tcp(host, port) => Addr::Tcp(host.clone(), *port),
-            ConnectionAddr::Unix(path) => Addr::Unix(path.clone()),
-            _ => return None,
-        };
-        let settings = info.redis_settings();
+    pub(crate) fn new(
+        address: Address,
+        settings: &RedisConnectionInfo,
+        connect_timeout: Duration,
+    ) -> Self {
         let auth = settings
             .password()
             .map(|password| (settings.username().map(str::to_owned), password.to_owned()));
-        Some(Self {
-            addr,
+        Self {
+            address,
             auth,
             db: settings.db(),
             connect_timeout,
-        })
+        }
     }
 
     /// The handshake: `AUTH` and `SELECT` where the URL asks for them, and how many
@@ -323,6 +315,9 @@ struct Request {
 pub(crate) struct Pipe {
     requests: mpsc::UnboundedSender<Request>,
     connected: Arc<AtomicBool>,
+    /// Why the connection ended, for a request that comes after (a failed TLS
+    /// handshake can end it before the first request is queued).
+    failure: Arc<OnceLock<String>>,
 }
 
 impl Pipe {
@@ -331,10 +326,17 @@ impl Pipe {
     pub(crate) fn open(endpoint: Arc<Endpoint>) -> Self {
         let (requests, queued) = mpsc::unbounded_channel();
         let connected = Arc::new(AtomicBool::new(false));
-        tokio::spawn(drive(endpoint, queued, Arc::clone(&connected)));
+        let failure = Arc::new(OnceLock::new());
+        tokio::spawn(drive(
+            endpoint,
+            queued,
+            Arc::clone(&connected),
+            Arc::clone(&failure),
+        ));
         Self {
             requests,
             connected,
+            failure,
         }
     }
 
@@ -347,12 +349,16 @@ impl Pipe {
     /// caller bounds it.
     pub(crate) async fn request(&self, bytes: Vec<u8>) -> Result<Reply, String> {
         let (reply, replied) = oneshot::channel();
+        let ended = || {
+            self.failure
+                .get()
+                .cloned()
+                .unwrap_or_else(|| "the connection closed".to_owned())
+        };
         self.requests
             .send(Request { bytes, reply })
-            .map_err(|_| "the connection is closed".to_owned())?;
-        replied
-            .await
-            .map_err(|_| "the connection closed".to_owned())?
+            .map_err(|_| ended())?;
+        replied.await.map_err(|_| ended())?
     }
 }
 
@@ -360,6 +366,7 @@ async fn drive(
     endpoint: Arc<Endpoint>,
     mut queued: mpsc::UnboundedReceiver<Request>,
     connected: Arc<AtomicBool>,
+    ended: Arc<OnceLock<String>>,
 ) {
     let connection = tokio::time::timeout(endpoint.connect_timeout, connect(&endpoint));
     let failure = match connection.await {
@@ -370,6 +377,7 @@ async fn drive(
         Ok(Err(failure)) => failure,
         Ok(Ok(stream)) => {
             connected.store(true, Ordering::Relaxed);
+            // The plain connections split into owned halves (no lock between them).
             match stream {
                 Stream::Tcp(tcp) => {
                     let (read, write) = tcp.into_split();
@@ -379,43 +387,26 @@ async fn drive(
                     let (read, write) = unix.into_split();
                     relay(read, write, &mut queued).await
                 }
+                tls @ Stream::Tls(_) => {
+                    let (read, write) = tokio::io::split(tls);
+                    relay(read, write, &mut queued).await
+                }
             }
         }
     };
     connected.store(false, Ordering::Relaxed);
+    let _ = ended.set(failure.clone());
     queued.close();
     while let Ok(request) = queued.try_recv() {
         let _ = request.reply.send(Err(failure.clone()));
     }
 }
 
-enum Stream {
-    Tcp(tokio::net::TcpStream),
-    Unix(tokio::net::UnixStream),
-}
-
 async fn connect(endpoint: &Endpoint) -> Result<Stream, String> {
-    let mut stream = match &endpoint.addr {
-        Addr::Tcp(host, port) => {
-            let tcp = tokio::net::TcpStream::connect((host.as_str(), *port))
-                .await
-                .map_err(|e| format!("cannot connect: {e}"))?;
-            tcp.set_nodelay(true)
-                .map_err(|e| format!("cannot connect: {e}"))?;
-            Stream::Tcp(tcp)
-        }
-        Addr::Unix(path) => Stream::Unix(
-            tokio::net::UnixStream::connect(path)
-                .await
-                .map_err(|e| format!("cannot connect: {e}"))?,
-        ),
-    };
+    let mut stream = endpoint.address.connect().await?;
     let (request, expected) = endpoint.handshake();
     if expected > 0 {
-        match &mut stream {
-            Stream::Tcp(tcp) => handshake(tcp, &request, expected).await?,
-            Stream::Unix(unix) => handshake(unix, &request, expected).await?,
-        }
+        handshake(&mut stream, &request, expected).await?;
     }
     Ok(stream)
 }
@@ -427,6 +418,7 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
 ) -> Result<(), String> {
     let io = |e: std::io::Error| format!("handshake: {e}");
     stream.write_all(request).await.map_err(io)?;
+    stream.flush().await.map_err(io)?;
     let mut input = BytesMut::with_capacity(256);
     let mut answered = 0;
     while answered < expected {
@@ -498,7 +490,12 @@ where
                     output.extend_from_slice(&request.bytes);
                     waiting.push_back(request.reply);
                 }
+                // (A TLS stream may hold written bytes back until flushed; a plain
+                // one's flush does nothing.)
                 if let Err(e) = write.write_all(&output).await {
+                    break format!("write: {e}");
+                }
+                if let Err(e) = write.flush().await {
                     break format!("write: {e}");
                 }
             }
@@ -547,15 +544,26 @@ mod tests {
         );
     }
 
+    /// The endpoint of a plain `redis://` URL.
+    fn endpoint(url: &str, connect_timeout: Duration) -> Endpoint {
+        let info = ::redis::Client::open(url)
+            .unwrap()
+            .get_connection_info()
+            .clone();
+        let ::redis::ConnectionAddr::Tcp(host, port) = info.addr().clone() else {
+            panic!("a TCP address")
+        };
+        let address = Address::Tcp {
+            host,
+            port,
+            tls: None,
+        };
+        Endpoint::new(address, info.redis_settings(), connect_timeout)
+    }
+
     #[test]
     fn the_handshake_authenticates_and_selects_as_the_url_says() {
-        let endpoint = |url: &str| {
-            let info = ::redis::Client::open(url)
-                .unwrap()
-                .get_connection_info()
-                .clone();
-            Endpoint::of(&info, Duration::from_secs(1)).unwrap()
-        };
+        let endpoint = |url: &str| endpoint(url, Duration::from_secs(1));
         let plain = endpoint("redis://127.0.0.1:6379").handshake();
         assert!(plain.0.is_empty());
         assert_eq!(plain.1, 0);
@@ -629,13 +637,7 @@ mod tests {
 
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("redis://{}", listener.local_addr().unwrap());
-        let info = ::redis::Client::open(url)
-            .unwrap()
-            .get_connection_info()
-            .clone();
-        let pipe = Pipe::open(Arc::new(
-            Endpoint::of(&info, Duration::from_secs(5)).unwrap(),
-        ));
+        let pipe = Pipe::open(Arc::new(endpoint(&url, Duration::from_secs(5))));
         let (mut server, _) = listener.accept().await.unwrap();
 
         // Larger than the socket buffers, so its write is under way when the caller

@@ -9,7 +9,9 @@
 
 pub mod h2;
 pub mod postgres;
+pub mod private_postgres;
 pub mod redis_server;
+pub mod tls;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -30,6 +30,8 @@ use tokio::time::timeout;
 
 use crate::common::redis_server::{RedisServer, free_port};
 
+mod tls;
+
 const REDIS_URL_VAR: &str = "TEST_REDIS_URL";
 
 /// Upper bound for anything that should happen promptly.

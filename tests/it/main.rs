@@ -49,4 +49,5 @@ mod openapi;
 mod prefix;
 mod reload;
 mod router;
+mod store_tls;
 mod workbench;

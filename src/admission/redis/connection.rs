@@ -1,6 +1,7 @@
 //! The shared limiter's connections to Redis, one of each kind per runtime: a
-//! [`resp::Pipe`] for the scripts, and the `redis` crate's connection manager for the
-//! rest (seeding, the journal, `PING`). Both connect lazily, so the limiter is made
+//! [`resp::Pipe`] for the scripts, and the `redis` crate's multiplexed connection for
+//! the rest (seeding, the journal, `PING`), both on streams fleetgate opens
+//! ([`RedisTarget`], TLS included). Both connect on first use, so the limiter is made
 //! while Redis is down. Every call is bounded in time; any failure is
 //! [`Denial::Unavailable`] and drops the connection, so the next call starts afresh.
 
@@ -8,27 +9,27 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use ::redis::{Client, RedisError, RedisResult};
+use ::redis::aio::MultiplexedConnection;
+use ::redis::{AsyncConnectionConfig, RedisError, RedisResult};
 use tokio::runtime::{Handle, Id as RuntimeId};
+use tokio::sync::OnceCell;
 
 use super::options::RedisLimiterOptions;
+use super::target::RedisTarget;
 use crate::admission::Denial;
 use crate::wire::resp;
 
-/// The Redis URL could not be parsed (the only construction error).
-#[derive(Debug, thiserror::Error)]
-#[error("invalid Redis URL: {0}")]
-pub struct InvalidRedisUrl(String);
+/// A runtime's connection for the `redis` crate's commands: opened by its first call
+/// (the others wait for it), left empty by a failed attempt.
+type Shared = Arc<OnceCell<MultiplexedConnection>>;
 
 /// The connections of one limiter (and of its journal).
 pub(super) struct Connections {
-    client: Client,
-    config: ConnectionManagerConfig,
+    target: Arc<RedisTarget>,
+    config: AsyncConnectionConfig,
     /// Where the scripts' connections ([`resp::Pipe`]) connect to.
     endpoint: Arc<resp::Endpoint>,
-    /// Created on first use (it needs the Tokio runtime); reconnects by itself, and is
-    /// replaced after a failure.
+    /// Created on first use (they need the Tokio runtime), and replaced after a failure.
     made: Mutex<PerRuntime>,
     options: RedisLimiterOptions,
 }
@@ -41,50 +42,76 @@ pub(super) struct Connections {
 struct PerRuntime {
     generation: u64,
     /// The runtime, the connection's generation, the connection.
-    made: Vec<(Option<RuntimeId>, u64, ConnectionManager)>,
+    made: Vec<(Option<RuntimeId>, u64, Shared)>,
     /// The same for the scripts' connections.
     pipes: Vec<(Option<RuntimeId>, u64, resp::Pipe)>,
 }
 
 impl Connections {
-    /// Connections to the Redis at `url`, none opened yet: fails only on a malformed URL.
-    pub(super) fn new(url: &str, options: RedisLimiterOptions) -> Result<Self, InvalidRedisUrl> {
-        let client = Client::open(url).map_err(|e| InvalidRedisUrl(e.to_string()))?;
-        let endpoint = resp::Endpoint::of(client.get_connection_info(), options.connect_timeout)
-            .ok_or_else(|| InvalidRedisUrl("TLS connections are not supported".to_owned()))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(options.connect_timeout))
-            .set_response_timeout(Some(options.call_timeout))
-            // One attempt per reconnection; the next call starts another.
-            .set_number_of_retries(0);
-        Ok(Self {
-            client,
+    /// Connections to `target`, none opened yet.
+    pub(super) fn new(target: RedisTarget, options: RedisLimiterOptions) -> Self {
+        let endpoint = resp::Endpoint::new(
+            target.address.clone(),
+            &target.settings,
+            options.connect_timeout,
+        );
+        let config = AsyncConnectionConfig::new().set_response_timeout(Some(options.call_timeout));
+        Self {
+            target: Arc::new(target),
             config,
             endpoint: Arc::new(endpoint),
             made: Mutex::new(PerRuntime::default()),
             options,
-        })
+        }
     }
 
-    /// The client the connections are made from (the wake-up subscription takes its own).
-    pub(super) fn client(&self) -> &Client {
-        &self.client
+    /// The server the connections go to (the wake-up subscription opens its own).
+    pub(super) fn target(&self) -> &Arc<RedisTarget> {
+        &self.target
     }
 
     /// The calling runtime's connection, with its generation (for
-    /// [`Connections::discard`]).
-    fn connection(&self) -> Result<(u64, ConnectionManager), Denial> {
-        let mut slot = self.made.lock().unwrap_or_else(|p| p.into_inner());
-        let slot = &mut *slot;
-        this_runtimes(&mut slot.generation, &mut slot.made, || {
-            ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
-                .map_err(|e| unavailable("connection setup", &e))
-        })
+    /// [`Connections::discard`]); opened if it is not yet.
+    async fn connection(&self) -> Result<(u64, MultiplexedConnection), Denial> {
+        let (generation, shared) = {
+            let mut slot = self.made.lock().unwrap_or_else(|p| p.into_inner());
+            let slot = &mut *slot;
+            this_runtimes(&mut slot.generation, &mut slot.made, Shared::default)
+        };
+        let connection = shared
+            .get_or_try_init(|| async {
+                let bound = self.options.connect_timeout;
+                let stream = match tokio::time::timeout(bound, self.target.address.connect()).await
+                {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(e)) => return Err(unavailable_because("connection", &e)),
+                    Err(_) => {
+                        let late = format!("no connection within {} ms", bound.as_millis());
+                        return Err(unavailable_because("connection", &late));
+                    }
+                };
+                let (connection, driver) = MultiplexedConnection::new_with_config(
+                    &self.target.settings,
+                    stream,
+                    self.config.clone(),
+                )
+                .await
+                .map_err(|e| unavailable("connection setup", &e))?;
+                // Ends when the connection fails or its last handle is dropped.
+                tokio::spawn(driver);
+                Ok::<_, Denial>(connection)
+            })
+            .await;
+        match connection {
+            Ok(connection) => Ok((generation, connection.clone())),
+            Err(failure) => {
+                self.discard(generation);
+                Err(failure)
+            }
+        }
     }
 
-    /// Drops a connection that failed, so the next call starts a fresh one. (The manager
-    /// reconnects by itself only after I/O errors; a connection attempt that failed
-    /// otherwise, say on a garbled handshake, would stay failed.)
+    /// Drops a connection that failed, so the next call starts a fresh one.
     fn discard(&self, generation: u64) {
         let mut slot = self.made.lock().unwrap_or_else(|p| p.into_inner());
         slot.made.retain(|(_, made, _)| *made != generation);
@@ -96,10 +123,9 @@ impl Connections {
     fn pipe(&self) -> (u64, resp::Pipe) {
         let mut slot = self.made.lock().unwrap_or_else(|p| p.into_inner());
         let slot = &mut *slot;
-        let Ok(opened) = this_runtimes(&mut slot.generation, &mut slot.pipes, || {
-            Ok::<_, std::convert::Infallible>(resp::Pipe::open(Arc::clone(&self.endpoint)))
-        });
-        opened
+        this_runtimes(&mut slot.generation, &mut slot.pipes, || {
+            resp::Pipe::open(Arc::clone(&self.endpoint))
+        })
     }
 
     /// Runs one Redis call on the shared connection, bounded in time; any failure is
@@ -107,22 +133,29 @@ impl Connections {
     pub(super) async fn call<T, F>(
         &self,
         what: &str,
-        run: impl FnOnce(ConnectionManager) -> F,
+        run: impl FnOnce(MultiplexedConnection) -> F,
     ) -> Result<T, Denial>
     where
         F: Future<Output = RedisResult<T>>,
     {
-        let (generation, connection) = self.connection()?;
         let bound = self.call_bound();
-        let failure = match tokio::time::timeout(bound, run(connection)).await {
+        let mut generation = None;
+        let called = async {
+            let (made, connection) = self.connection().await?;
+            generation = Some(made);
+            run(connection).await.map_err(|e| unavailable(what, &e))
+        };
+        let failure = match tokio::time::timeout(bound, called).await {
             Ok(Ok(reply)) => return Ok(reply),
-            Ok(Err(e)) => unavailable(what, &e),
+            Ok(Err(failure)) => failure,
             Err(_) => Denial::Unavailable(format!(
                 "redis {what}: no answer within {} ms",
                 bound.as_millis()
             )),
         };
-        self.discard(generation);
+        if let Some(generation) = generation {
+            self.discard(generation);
+        }
         Err(failure)
     }
 
@@ -189,17 +222,17 @@ fn unavailable_because(what: &str, why: &str) -> Denial {
 
 /// The calling runtime's entry of `made` (see [`PerRuntime`]), made by `make` with the
 /// next generation when it has none yet.
-fn this_runtimes<T: Clone, E>(
+fn this_runtimes<T: Clone>(
     generation: &mut u64,
     made: &mut Vec<(Option<RuntimeId>, u64, T)>,
-    make: impl FnOnce() -> Result<T, E>,
-) -> Result<(u64, T), E> {
+    make: impl FnOnce() -> T,
+) -> (u64, T) {
     let runtime = Handle::try_current().ok().map(|h| h.id());
     if let Some((_, made_in, connection)) = made.iter().find(|(r, ..)| *r == runtime) {
-        return Ok((*made_in, connection.clone()));
+        return (*made_in, connection.clone());
     }
-    let connection = make()?;
+    let connection = make();
     *generation += 1;
     made.push((runtime, *generation, connection.clone()));
-    Ok((*generation, connection))
+    (*generation, connection)
 }

@@ -94,14 +94,16 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 
-use super::connection::{Connections, InvalidRedisUrl};
+use super::connection::Connections;
 use super::journal;
 use super::options::RedisLimiterOptions;
+use super::target::{InvalidRedisUrl, RedisTarget};
 use super::wakeups::Wakeups;
 use crate::admission::{
     Admitted, Cost, Denial, Grant, KeyLimits, Lease, Limiter, Month, QUEUE_FULL_RETRY_AFTER,
     QUEUE_PLACE_GONE, Usage, UsageSource,
 };
+use crate::config::RedisTlsSettings;
 use crate::store::UsageRow;
 use crate::wire::resp;
 
@@ -176,7 +178,8 @@ enum Turn {
 }
 
 impl RedisLimiter {
-    /// A limiter on the Redis at `url`, with its keys under `key_prefix`, reading usage it
+    /// A limiter on the Redis at `url` (TLS, for `rediss://`, with the platform's roots
+    /// and no client certificate), with its keys under `key_prefix`, reading usage it
     /// has not counted from `source`. Does not connect: fails only on a malformed URL.
     pub fn connect(
         url: &str,
@@ -193,10 +196,22 @@ impl RedisLimiter {
         source: Arc<dyn UsageSource>,
         options: RedisLimiterOptions,
     ) -> Result<Self, InvalidRedisUrl> {
-        let connections = Connections::new(url, options)?;
+        let target = RedisTarget::new(url, &RedisTlsSettings::default())?;
+        Ok(Self::connect_to(target, key_prefix, source, options))
+    }
+
+    /// [`RedisLimiter::connect_with`] to `target`: a URL read with its TLS settings
+    /// (`redis_tls`), as the server makes it.
+    pub fn connect_to(
+        target: RedisTarget,
+        key_prefix: &str,
+        source: Arc<dyn UsageSource>,
+        options: RedisLimiterOptions,
+    ) -> Self {
+        let connections = Connections::new(target, options);
         let channel = format!("{key_prefix}:wake");
-        Ok(Self {
-            wakeups: Wakeups::new(connections.client().clone(), channel.clone(), options),
+        Self {
+            wakeups: Wakeups::new(Arc::clone(connections.target()), channel.clone(), options),
             connections,
             prefix: key_prefix.to_owned(),
             channel,
@@ -215,7 +230,7 @@ impl RedisLimiter {
             },
             names: Mutex::new(FxHashMap::default()),
             journal: journal::JournalKeys::new(key_prefix),
-        })
+        }
     }
 
     /// Refuses a node of a Redis Cluster (`cluster_enabled:1` in `INFO cluster`): the

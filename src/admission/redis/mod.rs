@@ -3,6 +3,8 @@
 //!
 //! - `limiter.rs`: [`RedisLimiter`], each decision one Lua script (`*.lua` here, sharing
 //!   `common.lua`); the data layout, the leases, the cost and the failures are told there;
+//! - `target.rs`: [`RedisTarget`], the server of the URL and how to reach it, with
+//!   `tls.rs`'s setup for a `rediss://` URL (`redis_tls`);
 //! - `connection.rs`: its connections to Redis, one of each kind per runtime, every call
 //!   bounded in time (the scripts run on the lean RESP client in `wire::resp`);
 //! - `wakeups.rs`: a key's local waiters woken when a slot frees on any replica;
@@ -15,8 +17,10 @@ pub mod journal;
 mod journal_store;
 mod limiter;
 mod options;
+mod target;
+mod tls;
 mod wakeups;
 
-pub use connection::InvalidRedisUrl;
 pub use limiter::{COUNTER_TTL_PAST_MONTH, LAPSED_KEEP, RedisClusterRefused, RedisLimiter};
 pub use options::RedisLimiterOptions;
+pub use target::{InvalidRedisUrl, RedisTarget};

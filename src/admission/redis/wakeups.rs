@@ -9,13 +9,14 @@ use rustc_hash::FxHashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
-use ::redis::{Client, RedisError};
+use ::redis::aio::PubSub;
 use futures_util::StreamExt as _;
 use tokio::sync::Notify;
 use tokio::sync::futures::Notified;
 use tokio::task::AbortHandle;
 
 use super::options::RedisLimiterOptions;
+use super::target::RedisTarget;
 use crate::backoff::Backoff;
 
 /// How often the subscription connection is checked with a PING.
@@ -25,7 +26,7 @@ const RESUBSCRIBE_MAX_PAUSE: Duration = Duration::from_secs(5);
 
 /// One limiter's wake-ups: its local waiters and the subscription that wakes them.
 pub(super) struct Wakeups {
-    client: Client,
+    target: Arc<RedisTarget>,
     channel: String,
     options: RedisLimiterOptions,
     hub: Arc<Hub>,
@@ -34,11 +35,15 @@ pub(super) struct Wakeups {
 }
 
 impl Wakeups {
-    /// Wake-ups from `channel` on the Redis of `client`; subscribes only once a request
+    /// Wake-ups from `channel` on the Redis `target`; subscribes only once a request
     /// waits.
-    pub(super) fn new(client: Client, channel: String, options: RedisLimiterOptions) -> Self {
+    pub(super) fn new(
+        target: Arc<RedisTarget>,
+        channel: String,
+        options: RedisLimiterOptions,
+    ) -> Self {
         Self {
-            client,
+            target,
             channel,
             options,
             hub: Arc::new(Hub::default()),
@@ -57,7 +62,7 @@ impl Wakeups {
     fn subscribe(&self) {
         self.subscriber.get_or_init(|| {
             tokio::spawn(subscription(
-                self.client.clone(),
+                Arc::clone(&self.target),
                 self.channel.clone(),
                 Arc::downgrade(&self.hub),
                 self.options,
@@ -142,7 +147,7 @@ impl Drop for Watch {
 /// resubscribing after a failure; wakes every local waiter after each (re)subscription,
 /// since messages may have been missed meanwhile.
 async fn subscription(
-    client: Client,
+    target: Arc<RedisTarget>,
     channel: String,
     hub: Weak<Hub>,
     options: RedisLimiterOptions,
@@ -150,9 +155,15 @@ async fn subscription(
     let mut pauses = Backoff::new(options.poll_interval, RESUBSCRIBE_MAX_PAUSE).pauses();
     loop {
         let connect = async {
-            let mut pubsub = client.get_async_pubsub().await?;
-            pubsub.subscribe(&channel).await?;
-            Ok::<_, RedisError>(pubsub)
+            let stream = target.address.connect().await?;
+            let mut pubsub = PubSub::new(&target.settings, stream)
+                .await
+                .map_err(|e| e.to_string())?;
+            pubsub
+                .subscribe(&channel)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>(pubsub)
         };
         let bound = options.connect_timeout + options.call_timeout;
         match tokio::time::timeout(bound, connect).await {
