@@ -42,6 +42,7 @@ mod job_sql;
 #[macro_use]
 mod workbench_sql;
 mod backend;
+mod backup;
 mod columns;
 mod jobs;
 mod postgres;
@@ -50,6 +51,7 @@ mod sqlite;
 pub mod workbench;
 
 pub use backend::Store;
+pub use backup::{Backup, backup};
 pub use columns::{now_unix, now_unix_ms};
 pub use jobs::{
     Inserted, JobEnds, JobOutcome, JobQuery, JobRow, JobStatus, JobStore, NewJob, Pending,

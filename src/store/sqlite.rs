@@ -125,7 +125,7 @@ impl SqliteStore {
 
 /// Whether a `sqlite:` URL names an in-memory database (`sqlite::memory:`,
 /// `sqlite://:memory:`, or `?mode=memory`).
-fn is_memory(url: &str) -> bool {
+pub(super) fn is_memory(url: &str) -> bool {
     let rest = url
         .strip_prefix("sqlite://")
         .or_else(|| url.strip_prefix("sqlite:"))
