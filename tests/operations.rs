@@ -12,6 +12,7 @@
 /// The parts of the shared harness (`tests/common`) these tests use.
 mod common {
     pub mod cli;
+    pub mod postgres;
     #[expect(
         dead_code,
         reason = "no signals sent, no node's requests counted: these tests stop nothing midway"
@@ -288,4 +289,79 @@ async fn a_backup_taken_while_serving_restores_the_keys_and_usage() {
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
+}
+
+/// What a newer release's migration leaves behind: a column the previous binary does not
+/// know, and a row in `_sqlx_migrations` for a version it does not have.
+const NEWER_RELEASE: [&str; 2] = [
+    "ALTER TABLE api_keys ADD COLUMN from_a_newer_release TEXT",
+    "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+     VALUES (99990001, 'a newer release', TRUE, $1, 0)",
+];
+
+/// The previous binary, started again on a database a newer release has migrated (a
+/// rollback), opens it and serves its keys.
+fn rolls_back(config: &Path, key: &str) {
+    let listed = fleetgate(config, &["keys", "list"]);
+    let listed = String::from_utf8(listed.stdout).unwrap();
+    assert!(listed.contains(&key[..12]), "{listed}");
+}
+
+#[tokio::test]
+async fn a_database_migrated_by_a_newer_release_still_opens() {
+    use sqlx::Connection as _;
+    let dir = tempfile::tempdir().unwrap();
+    let database = dir.path().join("fg.db");
+    let config = write_config(
+        dir.path(),
+        "fleetgate.toml",
+        &database,
+        "http://127.0.0.1:1",
+    );
+    let key = create_key(&config, "alice");
+    let url = format!("sqlite://{}", database.display());
+    let mut db = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    let [column, applied] = NEWER_RELEASE;
+    sqlx::query(column).execute(&mut db).await.unwrap();
+    let checksum = vec![0_u8];
+    sqlx::query(applied)
+        .bind(checksum)
+        .execute(&mut db)
+        .await
+        .unwrap();
+    db.close().await.unwrap();
+    rolls_back(&config, &key);
+}
+
+#[tokio::test]
+#[ignore = "needs PostgreSQL (set TEST_POSTGRES_URL)"]
+async fn a_postgres_database_migrated_by_a_newer_release_still_opens() {
+    use sqlx::Connection as _;
+    let database = common::postgres::FreshDatabase::create("fg_rollback").await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("pg.toml");
+    std::fs::write(
+        &config,
+        format!("database_url = \"{}\"\n[[models]]\nid = \"m\"\n[[models.upstreams]]\nurl = \"http://127.0.0.1:1\"\ngpu = \"g\"\n", database.url),
+    )
+    .unwrap();
+    let key = tokio::task::spawn_blocking({
+        let config = config.clone();
+        move || create_key(&config, "alice")
+    })
+    .await
+    .unwrap();
+    let mut db = sqlx::PgConnection::connect(&database.url).await.unwrap();
+    let [column, applied] = NEWER_RELEASE;
+    sqlx::query(column).execute(&mut db).await.unwrap();
+    let checksum = vec![0_u8];
+    sqlx::query(applied)
+        .bind(checksum)
+        .execute(&mut db)
+        .await
+        .unwrap();
+    db.close().await.unwrap();
+    tokio::task::spawn_blocking(move || rolls_back(&config, &key))
+        .await
+        .unwrap();
 }

@@ -1,6 +1,7 @@
 //! The SQLite backend: the embedded default.
 
 use std::str::FromStr as _;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use sqlx::SqlitePool;
@@ -19,7 +20,8 @@ use super::records::{
 use crate::backoff::Backoff;
 use crate::key_secret::NewKey;
 
-static MIGRATOR: Migrator = sqlx::migrate!("migrations/sqlite");
+static MIGRATOR: LazyLock<Migrator> =
+    LazyLock::new(|| super::rollback_tolerant(sqlx::migrate!("migrations/sqlite")));
 
 /// How long a statement waits for another connection's (or process's) write lock
 /// before failing with "database is locked".
