@@ -10,7 +10,8 @@
 //! completion text; written in batches by [`crate::request_log::RequestLog`]) and `jobs`
 //! (completion jobs, [`JobStore`]). The Workbench's and Loom's saved work
 //! (`workbench_items`, `loom_trees`, `loom_nodes`) sits behind a trait of its own,
-//! [`workbench::WorkbenchStore`], reached through [`Store::workbench`].
+//! [`workbench::WorkbenchStore`], reached through [`Store::workbench`]. [`backup`] copies
+//! a SQLite store while a server uses it (`fleetgate backup`).
 
 use std::sync::Arc;
 
@@ -45,6 +46,7 @@ mod backend;
 mod backup;
 mod columns;
 mod jobs;
+mod migrations;
 mod postgres;
 mod records;
 mod sqlite;
@@ -87,16 +89,6 @@ pub async fn connect(database_url: &str) -> Result<Arc<dyn Store>, StoreError> {
         url: redacted(database_url),
         source: Box::new(source),
     })
-}
-
-/// `migrator`, set to open a database that a newer release has migrated further: a
-/// rollback runs the previous binary on the expanded schema (migrations only ever add,
-/// `.ci/check-migrations.py`), and sqlx would otherwise refuse a database with an applied
-/// migration the binary does not have. An applied migration whose file differs is still
-/// refused (its checksum), and none is ever run down.
-fn rollback_tolerant(mut migrator: sqlx::migrate::Migrator) -> sqlx::migrate::Migrator {
-    migrator.set_ignore_missing(true);
-    migrator
 }
 
 /// `url` with the password of its user info, if any, replaced by `***`: fit for an

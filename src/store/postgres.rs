@@ -23,7 +23,7 @@ use super::records::{
 use crate::key_secret::NewKey;
 
 static MIGRATOR: LazyLock<Migrator> =
-    LazyLock::new(|| super::rollback_tolerant(sqlx::migrate!("migrations/postgres")));
+    LazyLock::new(|| super::migrations::rollback_tolerant(sqlx::migrate!("migrations/postgres")));
 
 const POOL_SIZE: u32 = 10;
 /// The channel the key feed trigger (migration 0003) notifies.

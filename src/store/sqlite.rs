@@ -21,7 +21,7 @@ use crate::backoff::Backoff;
 use crate::key_secret::NewKey;
 
 static MIGRATOR: LazyLock<Migrator> =
-    LazyLock::new(|| super::rollback_tolerant(sqlx::migrate!("migrations/sqlite")));
+    LazyLock::new(|| super::migrations::rollback_tolerant(sqlx::migrate!("migrations/sqlite")));
 
 /// How long a statement waits for another connection's (or process's) write lock
 /// before failing with "database is locked".
