@@ -299,6 +299,21 @@ const NEWER_RELEASE: [&str; 2] = [
      VALUES (99990001, 'a newer release', TRUE, $1, 0)",
 ];
 
+/// Runs [`NEWER_RELEASE`] on the connection `db` (of either backend: a macro, since the
+/// two connection types share no trait that binds a value).
+macro_rules! as_a_newer_release {
+    ($db:ident) => {
+        let [column, applied] = NEWER_RELEASE;
+        sqlx::query(column).execute(&mut $db).await.unwrap();
+        let checksum = vec![0_u8];
+        sqlx::query(applied)
+            .bind(checksum)
+            .execute(&mut $db)
+            .await
+            .unwrap();
+    };
+}
+
 /// The previous binary, started again on a database a newer release has migrated (a
 /// rollback), opens it and serves its keys.
 fn rolls_back(config: &Path, key: &str) {
@@ -321,14 +336,7 @@ async fn a_database_migrated_by_a_newer_release_still_opens() {
     let key = create_key(&config, "alice");
     let url = format!("sqlite://{}", database.display());
     let mut db = sqlx::SqliteConnection::connect(&url).await.unwrap();
-    let [column, applied] = NEWER_RELEASE;
-    sqlx::query(column).execute(&mut db).await.unwrap();
-    let checksum = vec![0_u8];
-    sqlx::query(applied)
-        .bind(checksum)
-        .execute(&mut db)
-        .await
-        .unwrap();
+    as_a_newer_release!(db);
     db.close().await.unwrap();
     rolls_back(&config, &key);
 }
@@ -352,14 +360,7 @@ async fn a_postgres_database_migrated_by_a_newer_release_still_opens() {
     .await
     .unwrap();
     let mut db = sqlx::PgConnection::connect(&database.url).await.unwrap();
-    let [column, applied] = NEWER_RELEASE;
-    sqlx::query(column).execute(&mut db).await.unwrap();
-    let checksum = vec![0_u8];
-    sqlx::query(applied)
-        .bind(checksum)
-        .execute(&mut db)
-        .await
-        .unwrap();
+    as_a_newer_release!(db);
     db.close().await.unwrap();
     tokio::task::spawn_blocking(move || rolls_back(&config, &key))
         .await

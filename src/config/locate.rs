@@ -42,8 +42,10 @@ impl<'t> Places<'t> {
             let message = error.message().trim().replace('\n', "; ");
             (origin, format!("TOML syntax: {message}"))
         })?;
-        let env = std::env::vars()
+        // `vars_os`: `vars` panics on a variable that is not UTF-8 (of any name).
+        let env = std::env::vars_os()
             .filter_map(|(name, _)| {
+                let name = name.into_string().ok()?;
                 let key = name.strip_prefix(ENV_PREFIX)?.to_lowercase();
                 let config = !ENV_NOT_CONFIG.contains(&key.as_str());
                 config.then(|| (key.split("__").map(str::to_owned).collect(), name))

@@ -14,6 +14,7 @@ use super::schema::{
 };
 use crate::contract::LOGPROBS_LIMIT;
 use crate::key_limits::Limit;
+use crate::store::url_scheme;
 
 /// The most of a prompt's start that prefix routing hashes: 64 KiB.
 const MAX_PREFIX_BYTES: usize = 64 * 1024;
@@ -117,7 +118,7 @@ impl Config {
     /// anything is opened (a database migrated, then a Redis URL refused). Only the
     /// scheme is said back: the rest of the URL may hold a password.
     fn stores(&self, found: &mut Findings) {
-        if !scheme_of(&self.database_url).is_some_and(|s| DATABASE_SCHEMES.contains(&s)) {
+        if !url_scheme(&self.database_url).is_some_and(|s| DATABASE_SCHEMES.contains(&s)) {
             found.broken(
                 "database_url",
                 format!(
@@ -127,7 +128,7 @@ impl Config {
             );
         }
         if let Some(url) = &self.redis_url
-            && !scheme_of(url).is_some_and(|s| REDIS_SCHEMES.contains(&s))
+            && !url_scheme(url).is_some_and(|s| REDIS_SCHEMES.contains(&s))
         {
             found.broken(
                 "redis_url",
@@ -185,19 +186,9 @@ impl Config {
     }
 }
 
-/// The scheme of `url`, if it has one (RFC 3986: a letter, then letters, digits, `+`,
-/// `-`, `.`).
-fn scheme_of(url: &str) -> Option<&str> {
-    let (scheme, _) = url.split_once(':')?;
-    let mut chars = scheme.chars();
-    let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic());
-    let rest_ok = chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
-    (first_ok && rest_ok).then_some(scheme)
-}
-
 /// What a refused URL is said as: its scheme only, or that it has none.
 fn said_scheme(url: &str) -> String {
-    match scheme_of(url) {
+    match url_scheme(url) {
         Some(scheme) => format!("a {scheme}: URL"),
         None => "no scheme".to_owned(),
     }
@@ -697,22 +688,17 @@ mod tests {
 
     #[test]
     fn each_store_scheme_is_taken() {
-        for url in [
-            "sqlite://data/fg.db",
-            "sqlite::memory:",
-            "postgres://fg@db/x",
-            "postgresql://db/x",
+        for (key, url) in [
+            ("database_url", "sqlite://data/fg.db"),
+            ("database_url", "sqlite::memory:"),
+            ("database_url", "postgres://fg@db/x"),
+            ("database_url", "postgresql://db/x"),
+            ("redis_url", "redis://cache:6379/0"),
+            ("redis_url", "rediss://cache:6380"),
+            ("redis_url", "unix:///run/redis.sock"),
+            ("redis_url", "redis+unix:///run/redis.sock"),
         ] {
-            let document = format!("database_url = \"{url}\"\n{}", document("limits", "", ""));
-            assert!(parse(&document).unwrap().validate().is_ok(), "{url}");
-        }
-        for url in [
-            "redis://cache:6379/0",
-            "rediss://cache:6380",
-            "unix:///run/redis.sock",
-            "redis+unix:///run/redis.sock",
-        ] {
-            let document = format!("redis_url = \"{url}\"\n{}", document("limits", "", ""));
+            let document = format!("{key} = \"{url}\"\n{}", document("limits", "", ""));
             assert!(parse(&document).unwrap().validate().is_ok(), "{url}");
         }
         let document = format!(

@@ -109,8 +109,8 @@ pub fn redacted(url: &str) -> String {
 }
 
 /// The scheme of a URL (RFC 3986: a letter, then letters, digits, `+`, `-`, `.`), if it
-/// has one.
-fn url_scheme(url: &str) -> Option<&str> {
+/// has one. (Also the config's check of its store URLs.)
+pub fn url_scheme(url: &str) -> Option<&str> {
     let (scheme, _) = url.split_once(':')?;
     let mut chars = scheme.chars();
     let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic());
