@@ -116,7 +116,12 @@ fn config_check_passes_a_good_file_with_a_summary() {
     let dir = tempfile::tempdir().unwrap();
     let database = dir.path().join("fg.db");
     let path = write_config(dir.path(), "good.toml", &database, "http://127.0.0.1:1");
-    let checked = run(&path, &["config", "check"], &[]);
+    // A variable still overrides the file.
+    let checked = run(
+        &path,
+        &["config", "check"],
+        &[("FLEETGATE_OPS_LISTEN", "127.0.0.1:9199")],
+    );
     assert_eq!(
         checked.status.code(),
         Some(0),
@@ -127,7 +132,7 @@ fn config_check_passes_a_good_file_with_a_summary() {
     assert_eq!(stdout.lines().count(), 1, "{stdout}");
     for said in [
         ": ok: 1 model (llama-8b) on 1 node",
-        "listening on 127.0.0.1:0 (API)",
+        "listening on 127.0.0.1:0 (API), 127.0.0.1:9199 (ops)",
         &format!("store sqlite://{}", database.display()),
         "counters in process",
     ] {
