@@ -241,6 +241,31 @@ mod tests {
         assert!(problems[0].1.starts_with("TOML syntax: "), "{problems:?}");
     }
 
+    /// A wrong element of an array is stood in for, not removed: the problems of the
+    /// elements after it keep their own indices and lines.
+    #[test]
+    fn a_wrong_array_element_keeps_the_next_ones_in_place() {
+        let problems = problems(
+            "[[models]]\nid = \"a\"\nupstreams = [\"http://127.0.0.1:1\"]\n\
+             [[models]]\nid = \"b\"\ndefault = true\n\
+             [[models.upstreams]]\nurl = \"http://127.0.0.1:2\"\ngpu = \"g\"\n\
+             [[models.upstreams]]\nurl = \"127.0.0.1:3\"\ngpu = \"g\"\n",
+        );
+        assert_eq!(problems.len(), 2, "{problems:#?}");
+        assert_eq!(problems[0].0, line(3, 14), "the element itself");
+        assert!(
+            problems[0]
+                .1
+                .starts_with("models[0].upstreams[0]: invalid type"),
+            "{problems:?}"
+        );
+        assert_eq!(problems[1].0, line(11, 1));
+        assert!(
+            problems[1].1.starts_with("models.upstreams.url of 'b'"),
+            "{problems:?}"
+        );
+    }
+
     #[test]
     fn a_missing_section_is_said_without_a_line() {
         let problems = problems("listen = \"127.0.0.1:0\"\n");
