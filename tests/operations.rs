@@ -167,6 +167,38 @@ fn serve_refuses_a_bad_store_scheme_before_opening_the_database() {
     assert!(!database.exists(), "the database was not touched");
 }
 
+/// The same on PostgreSQL: the database is not migrated (it has no migration table).
+#[tokio::test]
+#[ignore = "needs PostgreSQL (set TEST_POSTGRES_URL)"]
+async fn serve_refuses_a_bad_store_scheme_before_migrating_postgres() {
+    use sqlx::Connection as _;
+    let database = common::postgres::FreshDatabase::create("fg_scheme").await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("pg.toml");
+    std::fs::write(
+        &config,
+        format!("database_url = \"{}\"\nredis_url = \"http://cache:6379\"\n[[models]]\nid = \"m\"\n[[models.upstreams]]\nurl = \"http://127.0.0.1:1\"\ngpu = \"g\"\n", database.url),
+    )
+    .unwrap();
+    let served = tokio::task::spawn_blocking(move || run(&config, &["serve"], &[]))
+        .await
+        .unwrap();
+    assert!(!served.status.success());
+    let stderr = String::from_utf8(served.stderr).unwrap();
+    assert!(
+        stderr.contains("line 2: redis_url must start with redis://"),
+        "{stderr}"
+    );
+    let mut db = sqlx::PgConnection::connect(&database.url).await.unwrap();
+    let migrated: Option<String> =
+        sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations')::text")
+            .fetch_one(&mut db)
+            .await
+            .unwrap();
+    db.close().await.unwrap();
+    assert_eq!(migrated, None, "the database was not migrated");
+}
+
 #[test]
 fn backup_of_a_postgres_store_says_to_use_pg_dump() {
     let dir = tempfile::tempdir().unwrap();
