@@ -116,6 +116,7 @@ pub async fn prepare(config: Config) -> anyhow::Result<AppState> {
                 &config.redis_key_prefix,
                 ledger,
             )?);
+            redis.refuse_cluster().await?;
             let weak: Weak<dyn JournalStore> = Arc::downgrade(&redis) as Weak<RedisLimiter>;
             writer.report_commits_to(journal::forget(weak.clone()));
             // Ends when the limiter is dropped (the task holds it weakly).

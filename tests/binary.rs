@@ -526,21 +526,38 @@ fn serve_on_a_busy_port_names_the_address_and_the_config_key() {
     }
 }
 
-#[tokio::test]
-async fn the_demo_serves_its_printed_curl_line() {
-    let dir = tempfile::tempdir().unwrap();
+/// Starts `fleetgate demo` on `data_dir`; returns the process and the curl line it
+/// printed.
+fn start_demo(data_dir: &Path) -> (Proc, String) {
     let mut child = Command::new(FLEETGATE)
         .args(["demo", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.path())
+        .arg(data_dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
-    let _demo = Proc(child);
+    let demo = Proc(child);
     let curl = wait_for_line(stdout, "demo".into(), |l| {
         l.starts_with("curl ").then(|| l.to_owned())
     });
+    (demo, curl)
+}
+
+/// The secret in a printed curl line.
+fn bearer_of(curl: &str) -> &str {
+    curl.split("Bearer ")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_demo_serves_its_printed_curl_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_demo, curl) = start_demo(dir.path());
 
     let json: serde_json::Value = if Command::new("curl").arg("--version").output().is_ok() {
         // Run the printed line exactly as a user pasting it would.
@@ -550,17 +567,10 @@ async fn the_demo_serves_its_printed_curl_line() {
     } else {
         // No curl on this machine: send what the line says.
         let url = curl.split_whitespace().nth(2).unwrap();
-        let key = curl
-            .split("Bearer ")
-            .nth(1)
-            .unwrap()
-            .split('"')
-            .next()
-            .unwrap();
         let body = curl.split("-d '").nth(1).unwrap().trim_end_matches('\'');
         reqwest::Client::new()
             .post(url)
-            .bearer_auth(key)
+            .bearer_auth(bearer_of(&curl))
             .header("content-type", "application/json")
             .body(body.to_owned())
             .send()
@@ -575,6 +585,68 @@ async fn the_demo_serves_its_printed_curl_line() {
             .as_str()
             .is_some_and(|t| !t.is_empty())
     );
+}
+
+/// A second run of the demo revokes the first run's key, and the store commands read
+/// the demo's store through the config it wrote (`demo.toml`), without writing one.
+#[tokio::test]
+async fn each_demo_run_leaves_one_live_key_and_its_store_reads_with_its_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let (first, curl) = start_demo(dir.path());
+    let first_secret = bearer_of(&curl).to_owned();
+    let url = curl
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .replace("/v1/completions", "");
+    let body = serde_json::json!({"model": "llama-8b", "prompt": "The capital of France is", "max_tokens": 4});
+    assert_eq!(
+        complete(&url, &first_secret, body.clone()).await.status(),
+        200
+    );
+    assert!(terminate(first));
+
+    let (_second, curl) = start_demo(dir.path());
+    let second_secret = bearer_of(&curl).to_owned();
+    let url = curl
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .replace("/v1/completions", "");
+    assert_eq!(
+        complete(&url, &first_secret, body.clone()).await.status(),
+        401,
+        "the first run's key is revoked"
+    );
+    assert_eq!(complete(&url, &second_secret, body).await.status(), 200);
+
+    let config = dir.path().join("demo.toml");
+    let keys = fleetgate(&config, &["keys", "list", "--json"]).stdout;
+    let keys: Vec<serde_json::Value> = serde_json::from_slice(&keys).unwrap();
+    let live: Vec<_> = keys.iter().filter(|k| k["active"] == true).collect();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert_eq!(live.len(), 1, "{keys:?}");
+    assert!(second_secret.starts_with(live[0]["prefix"].as_str().unwrap()));
+
+    // Both runs' completions, by their keys' prefixes (the running demo writes its log
+    // in batches: read until its row is there).
+    let served_by = || -> Vec<String> {
+        let log = fleetgate(&config, &["log", "--json"]).stdout;
+        String::from_utf8(log)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|row| row["status"] == 200)
+            .map(|row| row["key_prefix"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    until("the second run's request in the log", || {
+        served_by().len() == 2
+    })
+    .await;
+    let prefixes = served_by();
+    assert!(second_secret.starts_with(&prefixes[0]), "{prefixes:?}");
+    assert!(first_secret.starts_with(&prefixes[1]), "{prefixes:?}");
 }
 
 /// Peak resident memory of a process, from /proc (Linux).
@@ -1416,9 +1488,16 @@ fn a_postgres_start_logs_no_notice_about_the_migration_table() {
 fn a_missing_postgres_database_is_named_once_with_how_to_create_it() {
     let server = std::env::var(common::postgres::POSTGRES_URL_VAR).expect("TEST_POSTGRES_URL");
     let name = format!("fg_missing_{}", uuid::Uuid::new_v4().simple());
+    let stderr = postgres_open_error(&common::postgres::with_database(&server, &name));
+    let missing = format!("database \"{name}\" does not exist");
+    assert_eq!(stderr.matches(&missing).count(), 1, "said once: {stderr}");
+    assert!(stderr.contains(&format!("createdb {name}")), "{stderr}");
+}
+
+/// Runs `keys list` on a PostgreSQL URL that cannot be opened: its one-line error.
+fn postgres_open_error(url: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
-    let config =
-        write_postgres_config(dir.path(), &common::postgres::with_database(&server, &name));
+    let config = write_postgres_config(dir.path(), url);
     let output = Command::new(FLEETGATE)
         .args(["keys", "list", "--config"])
         .arg(&config)
@@ -1427,7 +1506,31 @@ fn a_missing_postgres_database_is_named_once_with_how_to_create_it() {
     assert!(!output.status.success());
     let stderr = String::from_utf8(output.stderr).unwrap();
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    let missing = format!("database \"{name}\" does not exist");
-    assert_eq!(stderr.matches(&missing).count(), 1, "said once: {stderr}");
-    assert!(stderr.contains(&format!("createdb {name}")), "{stderr}");
+    stderr
+}
+
+#[test]
+fn an_unreachable_postgres_server_is_said_once() {
+    // A port nobody listens on: bound, then let go.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let stderr = postgres_open_error(&format!("postgres://postgres@127.0.0.1:{port}/test"));
+    assert_eq!(stderr.matches("refused").count(), 1, "said once: {stderr}");
+    assert!(stderr.contains("cannot reach the server"), "{stderr}");
+}
+
+#[test]
+#[ignore = "needs PostgreSQL (set TEST_POSTGRES_URL)"]
+fn a_refused_postgres_login_is_said_once_without_the_servers_source_line() {
+    let server = std::env::var(common::postgres::POSTGRES_URL_VAR).expect("TEST_POSTGRES_URL");
+    let role = format!("fg_nobody_{}", uuid::Uuid::new_v4().simple());
+    let url = server.replacen("postgres://postgres@", &format!("postgres://{role}@"), 1);
+    assert_ne!(url, server, "TEST_POSTGRES_URL names the user postgres");
+    let stderr = postgres_open_error(&url);
+    let refused = format!("role \"{role}\" does not exist");
+    assert_eq!(stderr.matches(&refused).count(), 1, "said once: {stderr}");
+    assert!(!stderr.contains(" at line "), "{stderr}");
 }

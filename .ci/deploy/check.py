@@ -12,7 +12,15 @@
 - the Compose file, the Kubernetes manifests, the systemd unit and the Dockerfile
   agree with each other and with fleetgate: files they name exist, ports match the
   configs' listeners, names refer to things defined, stop time-outs cover
-  fleetgate's shutdown, and each config is accepted by fleetgate itself (--bin-dir).
+  fleetgate's shutdown, and each config is accepted by fleetgate itself (--bin-dir);
+- Kubernetes: every file under deploy/kubernetes against the schemas and in a
+  kustomization; then the rendered sets (the kustomization alone and with its
+  components, `helm template` of the chart with its defaults and with everything on),
+  each against the schemas and checked as above, plus: no Secret in any (secrets are
+  referenced by name), no Prometheus Operator kind by default, pods under a
+  ServiceAccount without a token, spread over zones and nodes, the autoscaler, the
+  Ingress's TLS and backend, the alert rules equal to alerts.yml, and the chart's
+  default config equal to the kustomization's.
 
 Prints one line per check group and every problem found; exits 1 on any.
 """
@@ -528,131 +536,286 @@ def strict(schema):
     return schema
 
 
-def check_kubernetes(bin_dir: Path) -> None:
-    k8s = DEPLOY / "kubernetes"
-    resources: dict[tuple[str, str], tuple[Path, dict]] = {}
-    # The Prometheus Operator's kinds: their CRDs' schemas, vendored.
-    crd_schemas = {
+def crd_schemas() -> dict:
+    """The Prometheus Operator's kinds: their CRDs' schemas, vendored."""
+    return {
         ("monitoring.coreos.com/v1", kind): strict(json.loads((ROOT / f".ci/deploy/schemas/{kind.lower()}-v1.json").read_text()))
         for kind in ("ServiceMonitor", "PrometheusRule")
     }
-    for path in sorted(k8s.glob("*.yaml")):
-        for doc in load_yaml_docs(path):
-            resources[(doc["kind"], doc["metadata"]["name"])] = (path, doc)
-            crd_schema = crd_schemas.get((doc["apiVersion"], doc["kind"]))
-            if crd_schema:
-                try:
-                    jsonschema.validate(doc, crd_schema)
-                except jsonschema.ValidationError as err:
-                    problem(rel(path), f"{doc['kind']}: {err.message} at {'/'.join(map(str, err.absolute_path))}")
-                continue
-            for version in KUBERNETES_VERSIONS:
-                try:
-                    kubernetes_validate.validate(doc, version, strict=True)
-                except kubernetes_validate.ValidationError as err:
-                    problem(rel(path), f"Kubernetes {version}: {err.message} at {'.'.join(map(str, err.path))}")
-                except kubernetes_validate.SchemaNotFoundError:
-                    problem(rel(path), f"Kubernetes {version} has no {doc['apiVersion']} {doc['kind']}")
 
-    def get(kind: str):
-        found = [(p, d) for (k, _), (p, d) in resources.items() if k == kind]
-        if len(found) != 1:
-            problem("deploy/kubernetes", f"expected one {kind}, found {len(found)}")
-            return None, None
-        return found[0]
 
-    dep_path, deployment = get("Deployment")
-    if not deployment:
+CRD_SCHEMAS: dict = {}
+
+
+def validate_schemas(where: str, doc: dict) -> None:
+    """One resource against the schemas of KUBERNETES_VERSIONS (strict), or its CRD's."""
+    if not CRD_SCHEMAS:
+        CRD_SCHEMAS.update(crd_schemas())
+    crd_schema = CRD_SCHEMAS.get((doc.get("apiVersion"), doc.get("kind")))
+    if crd_schema:
+        try:
+            jsonschema.validate(doc, crd_schema)
+        except jsonschema.ValidationError as err:
+            problem(where, f"{doc['kind']}: {err.message} at {'/'.join(map(str, err.absolute_path))}")
         return
-    where = rel(dep_path)
+    for version in KUBERNETES_VERSIONS:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            problem(where, f"{doc.get('kind')} {doc.get('metadata', {}).get('name')}: Kubernetes {version}: {err.message} at {'.'.join(map(str, err.path))}")
+        except kubernetes_validate.SchemaNotFoundError:
+            problem(where, f"Kubernetes {version} has no {doc.get('apiVersion')} {doc.get('kind')}")
+
+
+K8S = DEPLOY / "kubernetes"
+SAMPLE_SECRET = K8S / "secret.yaml"
+
+
+def check_kubernetes_files() -> None:
+    """Every manifest under deploy/kubernetes against the schemas, and each one in the
+    kustomization or one of its components (the sample Secret aside)."""
+    listed = set()
+    for kustomization in K8S.rglob("kustomization.yaml"):
+        for entry in load_yaml_docs(kustomization)[0].get("resources", []):
+            listed.add((kustomization.parent / entry).resolve())
+    for path in sorted(K8S.rglob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        for doc in load_yaml_docs(path):
+            validate_schemas(rel(path), doc)
+        if path != SAMPLE_SECRET and path.resolve() not in listed:
+            problem(rel(path), "is in no kustomization.yaml: list it in deploy/kubernetes/kustomization.yaml, "
+                               "or, if it needs something a cluster may lack, in a component of its own (as monitoring/)")
+
+
+def sample_secret() -> tuple[str, dict[str, str]]:
+    """secret.yaml: the Secret's name and its sample variables."""
+    doc = load_yaml_docs(SAMPLE_SECRET)[0]
+    where = rel(SAMPLE_SECRET)
+    values = doc.get("stringData", {})
+    for key in values:
+        if not key.startswith("FLEETGATE_"):
+            problem(where, f"{key} is not a FLEETGATE_ variable")
+    if not values.get("FLEETGATE_DATABASE_URL", "").startswith("postgres"):
+        problem(where, "several replicas need PostgreSQL")
+    return doc["metadata"]["name"], values
+
+
+def plain_config() -> dict:
+    doc = load_yaml_docs(K8S / "configmap.yaml")[0]
+    return tomllib.loads(doc["data"]["fleetgate.toml"])
+
+
+def within(selector: dict, labels: dict) -> bool:
+    return not (selector.items() - labels.items())
+
+
+def check_manifest_set(where: str, path: Path, bin_dir: Path, kinds_wanted: set[str], plain: bool) -> dict | None:
+    """A rendered set of resources (kubectl kustomize, helm template): each against the
+    schemas, and the cross-references between them and with fleetgate. `plain`: the
+    kustomization's, whose Deployment takes the sample Secret whole (envFrom).
+    Returns the config the set's pods get."""
+    docs = load_yaml_docs(path)
+    for doc in docs:
+        validate_schemas(where, doc)
+    kinds = {doc["kind"] for doc in docs}
+    for kind in sorted(kinds_wanted - kinds):
+        problem(where, f"no {kind}")
+    if "Secret" in kinds:
+        problem(where, "holds a Secret: secrets are created apart and referenced by name")
+    if not kinds_wanted & {"ServiceMonitor", "PrometheusRule"}:
+        for doc in docs:
+            if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+                problem(where, f"{doc['kind']} by default: a cluster without the Prometheus Operator refuses it")
+    by_kind: dict[str, list[dict]] = {}
+    for doc in docs:
+        by_kind.setdefault(doc["kind"], []).append(doc)
+    named = {(doc["kind"], doc["metadata"]["name"]): doc for doc in docs}
+
+    def one(kind: str) -> dict | None:
+        found = by_kind.get(kind, [])
+        if len(found) > 1:
+            problem(where, f"expected one {kind}, found {len(found)}")
+        return found[0] if len(found) == 1 else None
+
+    deployment = one("Deployment")
+    if not deployment:
+        problem(where, "no Deployment")
+        return None
     pod = deployment["spec"]["template"]
+    pod_spec = pod["spec"]
     pod_labels = pod["metadata"]["labels"]
-    if deployment["spec"]["selector"]["matchLabels"].items() - pod_labels.items():
-        problem(where, "the selector does not match the pod's labels")
-    container = next(c for c in pod["spec"]["containers"] if c["name"] == "fleetgate")
+    if not within(deployment["spec"]["selector"]["matchLabels"], pod_labels):
+        problem(where, "the Deployment's selector does not match its pods' labels")
+    container = next(c for c in pod_spec["containers"] if c["name"] == "fleetgate")
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    env = {e["name"]: e.get("value") for e in container.get("env", [])}
 
     # The config: from the ConfigMap mounted where FLEETGATE_CONFIG points.
-    config_file = Path(env.get("FLEETGATE_CONFIG", "/etc/fleetgate/fleetgate.toml"))
+    env = {e["name"]: e for e in container.get("env", [])}
+    config_file = Path(env.get("FLEETGATE_CONFIG", {}).get("value", "/etc/fleetgate/fleetgate.toml"))
     mounts = {m["name"]: m["mountPath"] for m in container.get("volumeMounts", [])}
     config_text = None
-    for volume in pod["spec"].get("volumes", []):
+    for volume in pod_spec.get("volumes", []):
         if "configMap" in volume and mounts.get(volume["name"]) == str(config_file.parent):
-            found = resources.get(("ConfigMap", volume["configMap"]["name"]))
+            found = named.get(("ConfigMap", volume["configMap"]["name"]))
             if not found:
                 problem(where, f"volume {volume['name']}: no ConfigMap {volume['configMap']['name']}")
             else:
-                config_text = found[1]["data"].get(config_file.name)
+                config_text = found["data"].get(config_file.name)
     if config_text is None:
         problem(where, f"no ConfigMap with {config_file.name} is mounted at {config_file.parent}")
-        return
+        return None
     config = tomllib.loads(config_text)
-    secret_env: dict[str, str] = {}
+
+    # Secrets by reference only; the config checked with the sample Secret's values.
+    secret_name, sample = sample_secret()
+    from_secrets: set[str] = set()
     for source in container.get("envFrom", []):
         name = source.get("secretRef", {}).get("name")
-        found = resources.get(("Secret", name))
-        if not found:
-            problem(where, f"envFrom: no Secret {name}")
-            continue
-        secret_env.update(found[1].get("stringData", {}))
-    for key in secret_env:
-        if not key.startswith("FLEETGATE_"):
-            problem("deploy/kubernetes/secret.yaml", f"{key} is not a FLEETGATE_ variable")
-    if "FLEETGATE_DATABASE_URL" in secret_env and not secret_env["FLEETGATE_DATABASE_URL"].startswith("postgres"):
-        problem("deploy/kubernetes/secret.yaml", "several replicas need PostgreSQL")
+        if name and plain and name != secret_name:
+            problem(where, f"envFrom: Secret {name} is not the one {rel(SAMPLE_SECRET)} describes ({secret_name})")
+        if name:
+            from_secrets.update(sample)
+    for name, entry in env.items():
+        if "secretKeyRef" in entry.get("valueFrom", {}):
+            from_secrets.add(name)
+        elif name.endswith(("_URL", "_TOKEN")):
+            problem(where, f"{name} has a value of its own: a store URL or a token comes from a Secret")
+    replicated = "HorizontalPodAutoscaler" in kinds or deployment["spec"].get("replicas", 1) > 1
+    for needed in ("FLEETGATE_DATABASE_URL",) + (("FLEETGATE_REDIS_URL",) if replicated else ()):
+        if needed not in from_secrets:
+            problem(where, f"{needed} does not come from a Secret (several replicas need PostgreSQL and Redis)")
     with tempfile.TemporaryDirectory() as scratch:
         config_path = Path(scratch) / config_file.name
         config_path.write_text(config_text)
-        fleetgate_accepts("deploy/kubernetes/configmap.yaml", config_path, secret_env, bin_dir)
+        fleetgate_accepts(where, config_path, {k: v for k, v in sample.items() if k in from_secrets}, bin_dir)
 
-    for key, port_name in (("listen", "http"), ("ops_listen", "ops")):
+    for key, port_name in (("listen", "http"), ("ops_listen", "ops"), ("admin_listen", "admin")):
         if key not in config:
-            problem("deploy/kubernetes/configmap.yaml", f"no {key}")
+            if key != "admin_listen":
+                problem(where, f"the config has no {key}")
         elif ports.get(port_name) != port_of(config[key]):
             problem(where, f"container port {port_name} ({ports.get(port_name)}) is not {key}'s ({config[key]})")
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-        spec = container.get(probe)
-        if not spec:
-            problem(where, f"no {probe}")
+    for probe, wanted in (("startupProbe", "/live"), ("livenessProbe", "/live"), ("readinessProbe", "/ready")):
+        get_ = container.get(probe, {}).get("httpGet")
+        if not get_:
+            problem(where, f"no {probe} (httpGet)")
             continue
-        get_ = spec.get("httpGet", {})
         if get_.get("port") != "ops":
             problem(where, f"{probe} should ask the ops port (ops_listen)")
-        wanted = {"startupProbe": "/live", "livenessProbe": "/live", "readinessProbe": "/ready"}[probe]
         if get_.get("path") != wanted:
             problem(where, f"{probe} should be {wanted}")
     grace_ms = config.get("shutdown_grace_ms", DEFAULT_SHUTDOWN_GRACE_MS)
     pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
     pre_stop_s = float(pre_stop[1]) if pre_stop[:1] == ["sleep"] else 0
-    termination = pod["spec"].get("terminationGracePeriodSeconds", 30)
+    termination = pod_spec.get("terminationGracePeriodSeconds", 30)
     if termination < pre_stop_s + stop_budget_s(grace_ms):
         problem(where, f"terminationGracePeriodSeconds {termination} < preStop {pre_stop_s:.0f}s + fleetgate's shutdown {stop_budget_s(grace_ms):.0f}s")
     user = image_user()
-    security = pod["spec"].get("securityContext", {})
+    security = pod_spec.get("securityContext", {})
     if user and (security.get("runAsUser"), security.get("runAsGroup")) != user:
         problem(where, f"runAsUser/runAsGroup should be the image's {user}")
 
-    svc_path, service = get("Service")
+    # No API token in the pods, under a ServiceAccount of their own.
+    account = pod_spec.get("serviceAccountName")
+    if not account or ("ServiceAccount", account) not in named:
+        problem(where, f"the pods' serviceAccountName ({account}) is no ServiceAccount of the set")
+    if pod_spec.get("automountServiceAccountToken") is not False:
+        problem(where, "the pods should have automountServiceAccountToken: false")
+    for sa in by_kind.get("ServiceAccount", []):
+        if sa.get("automountServiceAccountToken") is not False:
+            problem(where, f"ServiceAccount {sa['metadata']['name']}: automountServiceAccountToken should be false")
+
+    spread = {c["topologyKey"]: c for c in pod_spec.get("topologySpreadConstraints", [])}
+    for key in ("topology.kubernetes.io/zone", "kubernetes.io/hostname"):
+        if key not in spread:
+            problem(where, f"no topology spread over {key}")
+        elif not within(spread[key].get("labelSelector", {}).get("matchLabels", {}), pod_labels) \
+                or not spread[key].get("labelSelector", {}).get("matchLabels"):
+            problem(where, f"the topology spread over {key} does not select the pods")
+
+    hpa = one("HorizontalPodAutoscaler")
+    if hpa:
+        target = hpa["spec"]["scaleTargetRef"]
+        if (target["kind"], target["name"]) != ("Deployment", deployment["metadata"]["name"]):
+            problem(where, f"the HorizontalPodAutoscaler scales {target['kind']} {target['name']}, not the Deployment")
+        if "replicas" in deployment["spec"]:
+            problem(where, "the Deployment sets replicas beside its HorizontalPodAutoscaler: each apply would reset the count")
+        if not container.get("resources", {}).get("requests", {}).get("cpu"):
+            problem(where, "the HorizontalPodAutoscaler scales on CPU, but the container requests none")
+
+    service = one("Service")
     if service:
-        if service["spec"]["selector"].items() - pod_labels.items():
-            problem(rel(svc_path), "the selector does not match the Deployment's pods")
+        if not within(service["spec"]["selector"], pod_labels):
+            problem(where, "the Service's selector does not match the Deployment's pods")
         for port in service["spec"]["ports"]:
             if port["targetPort"] not in ports:
-                problem(rel(svc_path), f"targetPort {port['targetPort']} is not a container port ({sorted(ports)})")
-        sm_path, monitor = get("ServiceMonitor")
+                problem(where, f"Service targetPort {port['targetPort']} is not a container port ({sorted(ports)})")
+        monitor = one("ServiceMonitor")
         if monitor:
-            if monitor["spec"]["selector"]["matchLabels"].items() - service["metadata"]["labels"].items():
-                problem(rel(sm_path), "the selector does not match the Service's labels")
-            if service["metadata"]["name"] != "fleetgate":
-                problem(rel(sm_path), 'the job is named after the Service; the alerts expect "fleetgate"')
+            if not within(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"]):
+                problem(where, "the ServiceMonitor's selector does not match the Service's labels")
+            # The operator's job label: the Service's name, or the value of its label jobLabel.
+            job = service["metadata"]["labels"].get(monitor["spec"].get("jobLabel", ""), service["metadata"]["name"])
+            if job != "fleetgate":
+                problem(where, f'the ServiceMonitor gives job="{job}"; the alerts and the dashboard expect "fleetgate"')
             for endpoint in monitor["spec"]["endpoints"]:
                 target = next((p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]), None)
                 if not target or target["targetPort"] != "ops":
-                    problem(rel(sm_path), f"endpoint port {endpoint['port']} is not the Service's ops port")
-    pdb_path, pdb = get("PodDisruptionBudget")
-    if pdb and pdb["spec"]["selector"]["matchLabels"].items() - pod_labels.items():
-        problem(rel(pdb_path), "the selector does not match the Deployment's pods")
+                    problem(where, f"ServiceMonitor endpoint port {endpoint['port']} is not the Service's ops port")
+        for ingress in by_kind.get("Ingress", []):
+            hosts = set()
+            for rule in ingress["spec"].get("rules", []):
+                hosts.add(rule.get("host"))
+                for http_path in rule.get("http", {}).get("paths", []):
+                    backend = http_path["backend"]["service"]
+                    port = backend["port"].get("name") or backend["port"].get("number")
+                    api = next(p for p in service["spec"]["ports"] if p["targetPort"] == "http")
+                    if backend["name"] != service["metadata"]["name"] or port not in (api["name"], api["port"]):
+                        problem(where, f"Ingress {ingress['metadata']['name']}: the backend should be the Service's API port")
+            tls_hosts = {h for tls in ingress["spec"].get("tls", []) for h in tls.get("hosts") or []}
+            if hosts - tls_hosts:
+                problem(where, f"Ingress {ingress['metadata']['name']}: no TLS for {sorted(h for h in hosts - tls_hosts if h)}")
+    for rule in by_kind.get("PrometheusRule", []):
+        if rule["spec"].get("groups") != load_yaml_docs(DEPLOY / "prometheus/alerts.yml")[0]["groups"]:
+            problem(where, f"PrometheusRule {rule['metadata']['name']}: its groups are not those of deploy/prometheus/alerts.yml")
+    pdb = one("PodDisruptionBudget")
+    if pdb and not within(pdb["spec"]["selector"]["matchLabels"], pod_labels):
+        problem(where, "the PodDisruptionBudget's selector does not match the Deployment's pods")
+    policy = one("NetworkPolicy")
+    if policy:
+        if not within(policy["spec"]["podSelector"]["matchLabels"], pod_labels):
+            problem(where, "the NetworkPolicy's podSelector does not match the Deployment's pods")
+        for entry in policy["spec"].get("ingress", []):
+            for port in entry.get("ports", []):
+                if isinstance(port.get("port"), str) and port["port"] not in ports:
+                    problem(where, f"the NetworkPolicy opens port {port['port']}, not a container port ({sorted(ports)})")
+    return config
+
+
+# The resources each rendered set must have.
+BASE_KINDS = {"ServiceAccount", "ConfigMap", "Deployment", "Service", "HorizontalPodAutoscaler",
+              "PodDisruptionBudget", "NetworkPolicy"}
+MONITORING_KINDS = {"ServiceMonitor", "PrometheusRule"}
+
+
+def check_kustomize(default: Path, components: Path, bin_dir: Path) -> None:
+    check_manifest_set("kubectl kustomize deploy/kubernetes", default, bin_dir, BASE_KINDS, plain=True)
+    check_manifest_set("deploy/kubernetes with its components", components, bin_dir, BASE_KINDS | MONITORING_KINDS, plain=True)
+
+
+HELM_CHART = DEPLOY / "helm/fleetgate"
+
+
+def check_helm(default: Path, everything: Path, bin_dir: Path) -> None:
+    config = check_manifest_set("helm template (default values)", default, bin_dir, BASE_KINDS, plain=False)
+    if config is not None and config != plain_config():
+        problem("deploy/helm/fleetgate/values.yaml", "config is not the config of deploy/kubernetes/configmap.yaml")
+    check_manifest_set("helm template (.ci/deploy/helm-values-all.yaml)", everything, bin_dir,
+                       BASE_KINDS | MONITORING_KINDS | {"Ingress"}, plain=False)
+    copy = HELM_CHART / "files/alerts.yml"
+    if not copy.exists() or copy.read_text() != (DEPLOY / "prometheus/alerts.yml").read_text():
+        problem(rel(copy), "differs from deploy/prometheus/alerts.yml: cp deploy/prometheus/alerts.yml deploy/helm/fleetgate/files/")
 
 
 # ---------------------------------------------------------------- systemd
@@ -701,7 +864,7 @@ PROMETHEUS_RULE_HEADER = """\
 # select rules by a label such as `release: <helm release>`: add it below if yours does.
 # GENERATED: edit alerts.yml, then, after .ci/deploy-check has installed its venv,
 #   target/deploy-check/venv/bin/python .ci/deploy/check.py --print-prometheusrule \\
-#     > deploy/kubernetes/prometheusrule.yaml
+#     > deploy/kubernetes/monitoring/prometheusrule.yaml
 # .ci/deploy-check fails while the two differ.
 """
 
@@ -727,7 +890,7 @@ def prometheus_rule() -> str:
 
 
 def check_prometheus_rule() -> None:
-    path = DEPLOY / "kubernetes/prometheusrule.yaml"
+    path = K8S / "monitoring/prometheusrule.yaml"
     if not path.exists() or path.read_text() != prometheus_rule():
         problem(rel(path), "differs from deploy/prometheus/alerts.yml: regenerate it (see its header)")
 
@@ -741,14 +904,19 @@ def main() -> int:
     parser.add_argument("--bin-dir", type=Path, help="where the built fleetgate is")
     parser.add_argument("--node-dir", type=Path, help="where promql.mjs and its node_modules are")
     parser.add_argument("--dashboard-rules", type=Path, help="where to write the dashboard's queries as rules")
+    parser.add_argument("--kustomize-default", type=Path, help="`kubectl kustomize deploy/kubernetes`")
+    parser.add_argument("--kustomize-components", type=Path, help="the same with every component of deploy/kubernetes")
+    parser.add_argument("--helm-default", type=Path, help="`helm template` of deploy/helm/fleetgate, default values")
+    parser.add_argument("--helm-all", type=Path, help="the same with .ci/deploy/helm-values-all.yaml")
     parser.add_argument("--print-prometheusrule", action="store_true",
-                        help="print deploy/kubernetes/prometheusrule.yaml as generated from the alert rules, and stop")
+                        help="print deploy/kubernetes/monitoring/prometheusrule.yaml as generated from the alert rules, and stop")
     args = parser.parse_args()
     if args.print_prometheusrule:
         sys.stdout.write(prometheus_rule())
         return 0
-    if None in (args.scrape, args.bin_dir, args.node_dir, args.dashboard_rules):
-        parser.error("--scrape, --bin-dir, --node-dir and --dashboard-rules are needed")
+    if None in (args.scrape, args.bin_dir, args.node_dir, args.dashboard_rules, args.kustomize_default,
+                args.kustomize_components, args.helm_default, args.helm_all):
+        parser.error("every option but --print-prometheusrule is needed")
 
     families, samples = parse_exposition(args.scrape.read_text())
     groups = [
@@ -757,7 +925,9 @@ def main() -> int:
          lambda: check_queries(check_alerts() + check_dashboard(args.dashboard_rules), args.node_dir, families, samples)),
         ("Dockerfile and the image's config", lambda: check_docker(args.bin_dir)),
         ("compose setup", lambda: check_compose(args.bin_dir)),
-        ("Kubernetes manifests", lambda: check_kubernetes(args.bin_dir)),
+        ("Kubernetes manifest files", check_kubernetes_files),
+        ("kustomizations as rendered", lambda: check_kustomize(args.kustomize_default, args.kustomize_components, args.bin_dir)),
+        ("Helm chart as rendered", lambda: check_helm(args.helm_default, args.helm_all, args.bin_dir)),
         ("PrometheusRule matches the alert rules", check_prometheus_rule),
         ("systemd unit settings", check_systemd),
     ]

@@ -34,19 +34,21 @@ const JOB_END_CHANNEL: &str = "fleetgate_jobs";
 /// an unreachable database answers instead of hanging).
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Why the first connection failed: a database that does not exist by its name (the
-/// server's default is the user's name), else sqlx's error.
+/// Why the first connection failed, said once: a database that does not exist by its
+/// name (the server's default is the user's name), else the server's or the network's
+/// own words. (sqlx's error repeats its cause after itself, and a server error carries
+/// the line of the server's source that raised it, of no use to the reader.)
 fn connect_error(err: sqlx::Error, options: &PgConnectOptions) -> StoreError {
-    // SQLSTATE 3D000, invalid_catalog_name: no database of that name.
-    let missing = err
-        .as_database_error()
-        .and_then(|e| e.code())
-        .is_some_and(|code| code == "3D000");
-    if missing {
-        let name = options.get_database().unwrap_or(options.get_username());
-        StoreError::NoDatabase(name.to_owned())
-    } else {
-        err.into()
+    match &err {
+        // SQLSTATE 3D000, invalid_catalog_name: no database of that name.
+        sqlx::Error::Database(e) if e.code().is_some_and(|code| code == "3D000") => {
+            let name = options.get_database().unwrap_or(options.get_username());
+            StoreError::NoDatabase(name.to_owned())
+        }
+        sqlx::Error::Database(e) => StoreError::Connect(e.message().to_owned()),
+        sqlx::Error::Io(e) => StoreError::Connect(format!("cannot reach the server: {e}")),
+        sqlx::Error::Tls(e) => StoreError::Connect(format!("TLS: {e}")),
+        _ => err.into(),
     }
 }
 

@@ -195,6 +195,9 @@ pub enum StoreError {
         "database \"{0}\" does not exist; create it with `createdb {0}` (or `CREATE DATABASE {0};` in psql)"
     )]
     NoDatabase(String),
+    /// The first connection to the database failed: why, in one line.
+    #[error("{0}")]
+    Connect(String),
     /// Opening the store at start-up failed; `url` has no password.
     #[error("cannot open the store at {url}")]
     Open {

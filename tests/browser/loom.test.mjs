@@ -122,6 +122,29 @@ test("grow a tree with the keyboard, bookmark, prune and undo, and find it again
   assert.deepEqual([...problems, ...later.problems], [], "no script errors");
 });
 
+test("before a key is accepted, each page shows only the sign-in form", async () => {
+  const { context, page, problems } = await visit(gateway);
+  for (const path of ["/workbench", "/loom"]) {
+    await page.goto(gateway.url + path);
+    await page.waitForSelector("#sign-in");
+    assert.ok(await page.isVisible("#sign-in"), `${path}: the sign-in form shows`);
+    assert.ok(!(await page.isVisible("#main")), `${path}: the interface is hidden until sign-in`);
+    const shown = await page.locator("#main button, #main textarea, #main select").evaluateAll(
+      (controls) => controls.filter((c) => c.getClientRects().length > 0).length);
+    assert.equal(shown, 0, `${path}: no control of the interface is laid out under the form`);
+    await signIn(gateway, page, path, gateway.keys.bob);
+    assert.ok(await page.isVisible("#main"), `${path}: the interface shows once signed in`);
+    assert.equal(await page.locator("#sign-in").count(), 0, `${path}: the form is gone`);
+    // Reloaded, the tab signs in with the key it kept: the interface shows at once.
+    await page.reload();
+    await page.waitForSelector("body[data-ready]", { state: "attached" });
+    assert.ok(await page.isVisible("#main"), `${path}: the interface shows after a reload`);
+    await page.evaluate(() => sessionStorage.clear());
+  }
+  await context.close();
+  assert.deepEqual(problems, [], "no script errors");
+});
+
 test("a wrong key is refused at sign-in; another key sees none of it", async () => {
   const { context, page, problems } = await visit(gateway);
   await page.goto(gateway.url + "/loom");

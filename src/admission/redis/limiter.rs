@@ -218,6 +218,29 @@ impl RedisLimiter {
         })
     }
 
+    /// Refuses a node of a Redis Cluster (`cluster_enabled:1` in `INFO cluster`): the
+    /// journal and the wake-up channel are shared by every API key, so they cannot live
+    /// in one hash slot, and a script that spans slots fails. Called at start; a Redis
+    /// that cannot be asked then (the limiter connects lazily) passes, and a cluster
+    /// node found later refuses the scripts, which fails closed.
+    pub async fn refuse_cluster(&self) -> Result<(), RedisClusterRefused> {
+        let info = self
+            .connections
+            .call("INFO cluster", |mut connection| async move {
+                ::redis::cmd("INFO")
+                    .arg("cluster")
+                    .query_async::<String>(&mut connection)
+                    .await
+            })
+            .await;
+        match info {
+            Ok(text) if text.lines().any(|l| l.trim() == "cluster_enabled:1") => {
+                Err(RedisClusterRefused)
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// The Redis key names of `key`, made on its first use: formatting them took ~4k
     /// instructions, twice a request. Only keys that passed authentication get here,
     /// so the map holds at most one entry per key in the store.
@@ -706,3 +729,13 @@ fn start_reply(reply: &[i64], limits: &KeyLimits, month: Month) -> Result<Grant,
 fn seed_failed() -> Denial {
     Denial::Unavailable("redis: the used-tokens counter could not be seeded".to_owned())
 }
+
+/// `redis_url` names a node of a Redis Cluster (see [`RedisLimiter::refuse_cluster`]).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "redis_url names a node of a Redis Cluster, which fleetgate does not use: its journal and \
+     wake-up channel are shared by all API keys, so they cannot live in one hash slot. Point \
+     it at one primary (a replica beside it for failover); see \"Redis: failover and scale\" \
+     in docs/operations.md"
+)]
+pub struct RedisClusterRefused;

@@ -18,5 +18,5 @@ mod options;
 mod wakeups;
 
 pub use connection::InvalidRedisUrl;
-pub use limiter::{COUNTER_TTL_PAST_MONTH, LAPSED_KEEP, RedisLimiter};
+pub use limiter::{COUNTER_TTL_PAST_MONTH, LAPSED_KEEP, RedisClusterRefused, RedisLimiter};
 pub use options::RedisLimiterOptions;

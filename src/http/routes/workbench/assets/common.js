@@ -255,6 +255,7 @@ const FG = (() => {
     document.body.prepend(bar);
     const main = document.getElementById("main");
     const begin = (usage) => {
+      main.hidden = false;
       who.replaceChildren(`key ${usage.key_prefix}… · `, el("span", { id: "budget", text: usageLine(usage) }),
         el("button", { id: "sign-out", onclick: signOut, text: "Sign out" }));
       // Marks the page ready (models and saved work loaded), for people and tests alike.
@@ -279,7 +280,6 @@ const FG = (() => {
       try {
         const usage = await signIn(input.value.trim());
         form.remove();
-        main.hidden = false;
         begin(usage);
       } catch (err) {
         problem.replaceChildren(errorBox(err));
