@@ -29,18 +29,23 @@ use std::time::{Duration, Instant};
 use common::cli::{create_key, fleetgate};
 use common::processes::{FLEETGATE, serve, start_mock};
 
-/// A config on port 0 with its SQLite store in `dir`, one model on `upstream`.
-fn write_config(dir: &Path, name: &str, database: &Path, upstream: &str) -> PathBuf {
+/// A config `name` in `dir` on port 0 with its store at `database_url`, one model on
+/// `upstream`.
+fn write_config(dir: &Path, name: &str, database_url: &str, upstream: &str) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(
         &path,
         format!(
-            "listen = \"127.0.0.1:0\"\ndatabase_url = \"sqlite://{}\"\n\n[[models]]\nid = \"llama-8b\"\n\n[[models.upstreams]]\nurl = \"{upstream}\"\ngpu = \"gpu-a\"\n",
-            database.display()
+            "listen = \"127.0.0.1:0\"\ndatabase_url = \"{database_url}\"\n\n[[models]]\nid = \"llama-8b\"\n\n[[models.upstreams]]\nurl = \"{upstream}\"\ngpu = \"gpu-a\"\n"
         ),
     )
     .unwrap();
     path
+}
+
+/// The `sqlite://` URL of the file `database`.
+fn sqlite(database: &Path) -> String {
+    format!("sqlite://{}", database.display())
 }
 
 /// `fleetgate ARGS --config CONFIG` with `env` set, success or not.
@@ -115,7 +120,12 @@ fn config_check_says_every_problem_with_its_line_and_fails() {
 fn config_check_passes_a_good_file_with_a_summary() {
     let dir = tempfile::tempdir().unwrap();
     let database = dir.path().join("fg.db");
-    let path = write_config(dir.path(), "good.toml", &database, "http://127.0.0.1:1");
+    let path = write_config(
+        dir.path(),
+        "good.toml",
+        &sqlite(&database),
+        "http://127.0.0.1:1",
+    );
     // A variable still overrides the file.
     let checked = run(
         &path,
@@ -150,7 +160,7 @@ fn serve_refuses_a_bad_store_scheme_before_opening_the_database() {
     let path = write_config(
         dir.path(),
         "fleetgate.toml",
-        &database,
+        &sqlite(&database),
         "http://127.0.0.1:1",
     );
     let served = run(
@@ -174,19 +184,15 @@ async fn serve_refuses_a_bad_store_scheme_before_migrating_postgres() {
     use sqlx::Connection as _;
     let database = common::postgres::FreshDatabase::create("fg_scheme").await;
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("pg.toml");
-    std::fs::write(
-        &config,
-        format!("database_url = \"{}\"\nredis_url = \"http://cache:6379\"\n[[models]]\nid = \"m\"\n[[models.upstreams]]\nurl = \"http://127.0.0.1:1\"\ngpu = \"g\"\n", database.url),
-    )
-    .unwrap();
-    let served = tokio::task::spawn_blocking(move || run(&config, &["serve"], &[]))
+    let config = write_config(dir.path(), "pg.toml", &database.url, "http://127.0.0.1:1");
+    let bad = [("FLEETGATE_REDIS_URL", "http://cache:6379")];
+    let served = tokio::task::spawn_blocking(move || run(&config, &["serve"], &bad))
         .await
         .unwrap();
     assert!(!served.status.success());
     let stderr = String::from_utf8(served.stderr).unwrap();
     assert!(
-        stderr.contains("line 2: redis_url must start with redis://"),
+        stderr.contains("FLEETGATE_REDIS_URL: redis_url must start with redis://"),
         "{stderr}"
     );
     let mut db = sqlx::PgConnection::connect(&database.url).await.unwrap();
@@ -202,8 +208,12 @@ async fn serve_refuses_a_bad_store_scheme_before_migrating_postgres() {
 #[test]
 fn backup_of_a_postgres_store_says_to_use_pg_dump() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("pg.toml");
-    std::fs::write(&path, "database_url = \"postgres://fg@127.0.0.1:1/fg\"\n[[models]]\nid = \"m\"\n[[models.upstreams]]\nurl = \"http://127.0.0.1:1\"\ngpu = \"g\"\n").unwrap();
+    let path = write_config(
+        dir.path(),
+        "pg.toml",
+        "postgres://fg@127.0.0.1:1/fg",
+        "http://127.0.0.1:1",
+    );
     let dest = dir.path().join("copy.db");
     let refused = run(&path, &["backup", dest.to_str().unwrap()], &[]);
     assert!(!refused.status.success());
@@ -256,7 +266,7 @@ async fn a_backup_taken_while_serving_restores_the_keys_and_usage() {
     let dir = tempfile::tempdir().unwrap();
     let (_mock, upstream) = start_mock(0);
     let database = dir.path().join("fg.db");
-    let config = write_config(dir.path(), "fleetgate.toml", &database, &upstream);
+    let config = write_config(dir.path(), "fleetgate.toml", &sqlite(&database), &upstream);
     let key = create_key(&config, "alice");
     let (_server, url) = serve(&config, "serve");
 
@@ -313,7 +323,7 @@ async fn a_backup_taken_while_serving_restores_the_keys_and_usage() {
     assert!(forced.status.success());
 
     // Restored: a server on the copy knows the key and its usage.
-    let restored = write_config(dir.path(), "restored.toml", &copy, &upstream);
+    let restored = write_config(dir.path(), "restored.toml", &sqlite(&copy), &upstream);
     let usage = fleetgate(&restored, &["keys", "usage", &key[..12], "--json"]);
     let usage: serde_json::Value = serde_json::from_slice(&usage.stdout).unwrap();
     assert!(usage["used_tokens"].as_u64().unwrap() > 0, "{usage}");
@@ -367,7 +377,7 @@ async fn a_database_migrated_by_a_newer_release_still_opens() {
     let config = write_config(
         dir.path(),
         "fleetgate.toml",
-        &database,
+        &sqlite(&database),
         "http://127.0.0.1:1",
     );
     let key = create_key(&config, "alice");
@@ -384,12 +394,7 @@ async fn a_postgres_database_migrated_by_a_newer_release_still_opens() {
     use sqlx::Connection as _;
     let database = common::postgres::FreshDatabase::create("fg_rollback").await;
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("pg.toml");
-    std::fs::write(
-        &config,
-        format!("database_url = \"{}\"\n[[models]]\nid = \"m\"\n[[models.upstreams]]\nurl = \"http://127.0.0.1:1\"\ngpu = \"g\"\n", database.url),
-    )
-    .unwrap();
+    let config = write_config(dir.path(), "pg.toml", &database.url, "http://127.0.0.1:1");
     let key = tokio::task::spawn_blocking({
         let config = config.clone();
         move || create_key(&config, "alice")
