@@ -1,7 +1,8 @@
 //! Validation: the rules a loaded config must keep that its types cannot say — values of
-//! at least 1, upper bounds, unique model ids, http(s) URLs, settings that depend on
-//! each other. One function per section; the first broken rule is the error, naming
-//! the key it is about.
+//! at least 1, upper bounds, unique model ids, the URL schemes each setting takes,
+//! settings that depend on each other. One function per section; every broken rule is
+//! said (not only the first), each with the key it is about, so that `config check`
+//! can point at its line.
 
 use std::collections::HashSet;
 
@@ -13,6 +14,7 @@ use super::schema::{
 };
 use crate::contract::LOGPROBS_LIMIT;
 use crate::key_limits::Limit;
+use crate::store::url_scheme;
 
 /// The most of a prompt's start that prefix routing hashes: 64 KiB.
 const MAX_PREFIX_BYTES: usize = 64 * 1024;
@@ -34,47 +36,112 @@ const MAX_RETENTION_DAYS: u32 = 36_500;
 /// says one of them.
 const PLACEHOLDER_WORDS: [&str; 3] = ["changeme", "replaceme", "placeholder"];
 
+/// The schemes `database_url` takes (`store::connect` opens these).
+const DATABASE_SCHEMES: [&str; 3] = ["sqlite", "postgres", "postgresql"];
+
+/// The schemes `redis_url` takes: plain TCP, TLS, or a Unix socket.
+const REDIS_SCHEMES: [&str; 4] = ["redis", "rediss", "unix", "redis+unix"];
+
+/// A rule the config breaks: the key it is about, dotted with array elements by index
+/// (`models.1.upstreams.0.url`, as figment names keys), and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Broken {
+    pub key: String,
+    pub message: String,
+}
+
+/// The rules broken so far.
+#[derive(Default)]
+struct Findings(Vec<Broken>);
+
+impl Findings {
+    fn broken(&mut self, key: impl Into<String>, message: impl Into<String>) {
+        self.0.push(Broken {
+            key: key.into(),
+            message: message.into(),
+        });
+    }
+
+    /// Says that `key` must be at least 1 when its `value` is 0.
+    fn at_least_1(&mut self, key: &str, value: u64) {
+        if value == 0 {
+            self.broken(key, format!("{key} must be at least 1"));
+        }
+    }
+}
+
 impl Config {
-    /// The first rule this config breaks, said as the error.
-    pub(super) fn validate(&self) -> Result<(), String> {
-        workbench(&self.workbench)?;
-        self.top_level()?;
-        limits(&self.limits)?;
-        models(&self.models)?;
-        connections(&self.connections)?;
-        fleet(&self.fleet)?;
-        jobs(&self.jobs)?;
-        request_log(&self.request_log)?;
-        self.durations()?;
-        traces(&self.traces)
+    /// Every rule this config breaks, in the order of the file's sections; none: valid.
+    pub(super) fn broken_rules(&self) -> Vec<Broken> {
+        let mut found = Findings::default();
+        workbench(&self.workbench, &mut found);
+        self.top_level(&mut found);
+        self.stores(&mut found);
+        limits(&self.limits, &mut found);
+        models(&self.models, &mut found);
+        connections(&self.connections, &mut found);
+        fleet(&self.fleet, &mut found);
+        jobs(&self.jobs, &mut found);
+        request_log(&self.request_log, &mut found);
+        self.durations(&mut found);
+        traces(&self.traces, &mut found);
+        found.0
     }
 
     /// The keys outside any section.
-    fn top_level(&self) -> Result<(), String> {
-        if self.max_body_bytes == 0 {
-            return Err("max_body_bytes must be at least 1".into());
-        }
+    fn top_level(&self, found: &mut Findings) {
+        found.at_least_1("max_body_bytes", self.max_body_bytes as u64);
         if let Some(admin) = self.admin_listen {
             let taken = [Some(self.listen), self.ops_listen];
             if admin.port() != 0 && taken.contains(&Some(admin)) {
-                return Err(format!(
-                    "admin_listen ({admin}) must be an address of its own, not listen's or ops_listen's"
-                ));
+                found.broken(
+                    "admin_listen",
+                    format!(
+                        "admin_listen ({admin}) must be an address of its own, not listen's or ops_listen's"
+                    ),
+                );
             }
         }
         match &self.admin_token {
             Some(token) if token.expose().len() < 16 => {
-                Err("admin_token must be at least 16 characters".into())
+                found.broken("admin_token", "admin_token must be at least 16 characters");
             }
-            Some(token) if is_placeholder(token) => Err(
-                "admin_token is a sample value (it says change-me or the like): replace it with a secret of your own, e.g. the output of `openssl rand -hex 32`, or leave it unset to turn the admin API off".into(),
+            Some(token) if is_placeholder(token) => found.broken(
+                "admin_token",
+                "admin_token is a sample value (it says change-me or the like): replace it with a secret of your own, e.g. the output of `openssl rand -hex 32`, or leave it unset to turn the admin API off",
             ),
-            _ => Ok(()),
+            _ => {}
+        }
+    }
+
+    /// The stores' URL schemes, checked here so that a wrong one stops the start before
+    /// anything is opened (a database migrated, then a Redis URL refused). Only the
+    /// scheme is said back: the rest of the URL may hold a password.
+    fn stores(&self, found: &mut Findings) {
+        if !url_scheme(&self.database_url).is_some_and(|s| DATABASE_SCHEMES.contains(&s)) {
+            found.broken(
+                "database_url",
+                format!(
+                    "database_url must be a sqlite: or postgres: URL, e.g. sqlite://data/fleetgate.db or postgres://user@host/db (got {})",
+                    said_scheme(&self.database_url)
+                ),
+            );
+        }
+        if let Some(url) = &self.redis_url
+            && !url_scheme(url).is_some_and(|s| REDIS_SCHEMES.contains(&s))
+        {
+            found.broken(
+                "redis_url",
+                format!(
+                    "redis_url must start with redis://, rediss:// (TLS), unix:// or redis+unix:// (got {})",
+                    said_scheme(url)
+                ),
+            );
         }
     }
 
     /// Every `*_ms` setting, of whichever section, is at most [`MAX_DURATION_MS`].
-    fn durations(&self) -> Result<(), String> {
+    fn durations(&self, found: &mut Findings) {
         let connections = &self.connections;
         let fleet = &self.fleet;
         let durations = [
@@ -96,22 +163,34 @@ impl Config {
             ("fleet.keepalive_interval_ms", fleet.keepalive_interval_ms),
         ]
         .into_iter()
-        .chain(self.jobs.durations());
-        let model_durations = self.models.iter().flat_map(|m| {
+        .chain(self.jobs.durations())
+        .map(|(key, ms)| (key.to_owned(), key.to_owned(), ms));
+        let model_durations = self.models.iter().enumerate().flat_map(|(i, model)| {
             [
-                ("models.boot_timeout_ms", m.boot_timeout_ms),
-                ("models.keep_warm_ms", m.keep_warm_ms),
-                ("models.idle_sleep_ms", m.idle_sleep_ms),
+                ("boot_timeout_ms", model.boot_timeout_ms),
+                ("keep_warm_ms", model.keep_warm_ms),
+                ("idle_sleep_ms", model.idle_sleep_ms),
             ]
+            .map(|(key, ms)| {
+                let name = format!("models.{key} of '{}'", model.id);
+                (format!("models.{i}.{key}"), name, ms)
+            })
         });
-        for (name, ms) in durations.chain(model_durations) {
+        for (key, name, ms) in durations.chain(model_durations) {
             if ms > MAX_DURATION_MS {
-                return Err(format!(
-                    "{name} must be at most {MAX_DURATION_MS} (7 days; got {ms})"
-                ));
+                let message =
+                    format!("{name} must be at most {MAX_DURATION_MS} (7 days; got {ms})");
+                found.broken(key, message);
             }
         }
-        Ok(())
+    }
+}
+
+/// What a refused URL is said as: its scheme only, or that it has none.
+fn said_scheme(url: &str) -> String {
+    match url_scheme(url) {
+        Some(scheme) => format!("a {scheme}: URL"),
+        None => "no scheme".to_owned(),
     }
 }
 
@@ -127,236 +206,289 @@ fn is_placeholder(token: &AdminToken) -> bool {
     PLACEHOLDER_WORDS.iter().any(|word| folded.contains(word))
 }
 
-fn request_log(request_log: &RequestLogSettings) -> Result<(), String> {
+fn request_log(request_log: &RequestLogSettings, found: &mut Findings) {
     if request_log.retention_days > MAX_RETENTION_DAYS {
-        return Err(format!(
-            "request_log.retention_days must be at most {MAX_RETENTION_DAYS} (got {}; 0 keeps rows forever)",
-            request_log.retention_days
-        ));
-    }
-    Ok(())
-}
-
-fn workbench(workbench: &WorkbenchSettings) -> Result<(), String> {
-    if workbench.checkpoint_sweep_secs == 0 {
-        return Err("workbench.checkpoint_sweep_secs must be at least 1".into());
-    }
-    if i64::try_from(workbench.checkpoint_ttl_secs).is_err() {
-        return Err("workbench.checkpoint_ttl_secs is too large".into());
-    }
-    if workbench.max_bytes_per_key == 0 || i64::try_from(workbench.max_bytes_per_key).is_err() {
-        return Err(format!(
-            "workbench.max_bytes_per_key must be from 1 to {} (got {})",
-            i64::MAX,
-            workbench.max_bytes_per_key
-        ));
-    }
-    if workbench.max_import_nodes == 0 {
-        return Err("workbench.max_import_nodes must be at least 1".into());
-    }
-    Ok(())
-}
-
-fn limits(limits: &LimitDefaults) -> Result<(), String> {
-    if limits.requests_per_minute == 0 || limits.max_concurrent == 0 {
-        return Err(
-            "limits.requests_per_minute and limits.max_concurrent must be at least 1".into(),
+        found.broken(
+            "request_log.retention_days",
+            format!(
+                "request_log.retention_days must be at most {MAX_RETENTION_DAYS} (got {}; 0 keeps rows forever)",
+                request_log.retention_days
+            ),
         );
     }
+}
+
+fn workbench(workbench: &WorkbenchSettings, found: &mut Findings) {
+    found.at_least_1(
+        "workbench.checkpoint_sweep_secs",
+        workbench.checkpoint_sweep_secs,
+    );
+    if i64::try_from(workbench.checkpoint_ttl_secs).is_err() {
+        found.broken(
+            "workbench.checkpoint_ttl_secs",
+            "workbench.checkpoint_ttl_secs is too large",
+        );
+    }
+    if workbench.max_bytes_per_key == 0 || i64::try_from(workbench.max_bytes_per_key).is_err() {
+        found.broken(
+            "workbench.max_bytes_per_key",
+            format!(
+                "workbench.max_bytes_per_key must be from 1 to {} (got {})",
+                i64::MAX,
+                workbench.max_bytes_per_key
+            ),
+        );
+    }
+    found.at_least_1(
+        "workbench.max_import_nodes",
+        workbench.max_import_nodes.into(),
+    );
+}
+
+fn limits(limits: &LimitDefaults, found: &mut Findings) {
+    found.at_least_1(
+        "limits.requests_per_minute",
+        limits.requests_per_minute.into(),
+    );
+    found.at_least_1("limits.max_concurrent", limits.max_concurrent.into());
     // A key's own share is held to the same bounds (the key service's check).
-    Limit::Share
-        .check::<u32>(limits.share)
-        .map_err(|err| format!("limits.{err}"))?;
-    Ok(())
+    if let Err(err) = Limit::Share.check::<u32>(limits.share) {
+        found.broken("limits.share", format!("limits.{err}"));
+    }
 }
 
 /// `[[models]]`: at least one, ids unique, exactly one default, and each model's own
 /// settings and nodes.
-fn models(models: &[ModelConfig]) -> Result<(), String> {
+fn models(models: &[ModelConfig], found: &mut Findings) {
     if models.is_empty() {
-        return Err("at least one [[models]] entry is required".into());
+        found.broken("models", "at least one [[models]] entry is required");
     }
     let mut ids = HashSet::new();
-    for model in models {
+    for (i, model) in models.iter().enumerate() {
         if model.id.is_empty() {
-            return Err("models.id must not be empty".into());
+            found.broken(format!("models.{i}.id"), "models.id must not be empty");
+        } else if !ids.insert(model.id.as_str()) {
+            found.broken(
+                format!("models.{i}.id"),
+                format!("models.id '{}' appears twice", model.id),
+            );
         }
-        if !ids.insert(model.id.as_str()) {
-            return Err(format!("models.id '{}' appears twice", model.id));
-        }
-        model_settings(model)?;
+        model_settings(i, model, found);
     }
     let defaults = models.iter().filter(|m| m.default).count();
     // A single model is the default whether or not it says so.
-    if defaults != 1 && !(defaults == 0 && models.len() == 1) {
-        return Err(format!(
-            "exactly one model must have default = true (found {defaults})"
-        ));
+    if defaults != 1 && !(defaults <= 1 && models.len() <= 1) {
+        found.broken(
+            "models",
+            format!("exactly one model must have default = true (found {defaults})"),
+        );
     }
-    Ok(())
 }
 
-/// One model's settings and nodes.
-fn model_settings(model: &ModelConfig) -> Result<(), String> {
+/// The `i`th model's settings and nodes.
+fn model_settings(i: usize, model: &ModelConfig, found: &mut Findings) {
+    let id = &model.id;
     if model.max_logprobs > LOGPROBS_LIMIT {
-        return Err(format!(
-            "models.max_logprobs of '{}' must be at most {LOGPROBS_LIMIT} (got {})",
-            model.id, model.max_logprobs
-        ));
+        found.broken(
+            format!("models.{i}.max_logprobs"),
+            format!(
+                "models.max_logprobs of '{id}' must be at most {LOGPROBS_LIMIT} (got {})",
+                model.max_logprobs
+            ),
+        );
     }
     if model.upstreams.is_empty() {
-        return Err(format!(
-            "model '{}' needs at least one [[models.upstreams]] entry",
-            model.id
-        ));
+        found.broken(
+            format!("models.{i}.upstreams"),
+            format!("model '{id}' needs at least one [[models.upstreams]] entry"),
+        );
     }
     if !(model.decode_tokens_per_second.is_finite() && model.decode_tokens_per_second > 0.0) {
-        return Err(format!(
-            "models.decode_tokens_per_second of '{}' must be above 0",
-            model.id
-        ));
+        found.broken(
+            format!("models.{i}.decode_tokens_per_second"),
+            format!("models.decode_tokens_per_second of '{id}' must be above 0"),
+        );
     }
     if model.sleep_url.is_some() && model.wake_url.is_none() {
-        return Err(format!(
-            "model '{}' has a sleep_url but no wake_url to wake it again",
-            model.id
-        ));
+        found.broken(
+            format!("models.{i}.sleep_url"),
+            format!("model '{id}' has a sleep_url but no wake_url to wake it again"),
+        );
     }
-    for hook in [&model.wake_url, &model.sleep_url].into_iter().flatten() {
-        if !is_http_url(hook) {
-            return Err(format!(
-                "models.wake_url/sleep_url of '{}' must be an http(s) URL (got '{hook}')",
-                model.id
-            ));
+    for (key, hook) in [
+        ("wake_url", &model.wake_url),
+        ("sleep_url", &model.sleep_url),
+    ] {
+        if let Some(hook) = hook
+            && !is_http_url(hook)
+        {
+            found.broken(
+                format!("models.{i}.{key}"),
+                format!("models.{key} of '{id}' must be an http(s) URL (got '{hook}')"),
+            );
         }
     }
-    for upstream in &model.upstreams {
+    for (j, upstream) in model.upstreams.iter().enumerate() {
+        let key = |name: &str| format!("models.{i}.upstreams.{j}.{name}");
         if upstream.max_in_flight == Some(0) {
-            return Err(format!(
-                "models.upstreams.max_in_flight of '{}' must be at least 1",
-                model.id
-            ));
+            found.broken(
+                key("max_in_flight"),
+                format!("models.upstreams.max_in_flight of '{id}' must be at least 1"),
+            );
         }
         if upstream.weight == 0 {
-            return Err(format!(
-                "models.upstreams.weight of '{}' must be at least 1",
-                model.id
-            ));
+            found.broken(
+                key("weight"),
+                format!("models.upstreams.weight of '{id}' must be at least 1"),
+            );
         }
         if !is_http_url(&upstream.url) {
-            return Err(format!(
-                "models.upstreams.url of '{}' must be an http(s) URL (got '{}')",
-                model.id, upstream.url
-            ));
+            found.broken(
+                key("url"),
+                format!(
+                    "models.upstreams.url of '{id}' must be an http(s) URL (got '{}')",
+                    upstream.url
+                ),
+            );
         }
     }
-    Ok(())
 }
 
-fn connections(connections: &ConnectionSettings) -> Result<(), String> {
-    if connections.max_open == 0
-        || connections.ops_max_open == 0
-        || connections.header_read_timeout_ms == 0
-        || connections.body_read_timeout_ms == 0
-        || connections.reading_bytes_per_key == 0
-    {
-        return Err(
-            "connections.max_open, ops_max_open, header_read_timeout_ms, body_read_timeout_ms and reading_bytes_per_key must be at least 1".into(),
-        );
+fn connections(connections: &ConnectionSettings, found: &mut Findings) {
+    for (key, value) in [
+        ("connections.max_open", connections.max_open as u64),
+        ("connections.ops_max_open", connections.ops_max_open as u64),
+        (
+            "connections.header_read_timeout_ms",
+            connections.header_read_timeout_ms,
+        ),
+        (
+            "connections.body_read_timeout_ms",
+            connections.body_read_timeout_ms,
+        ),
+        (
+            "connections.reading_bytes_per_key",
+            connections.reading_bytes_per_key as u64,
+        ),
+    ] {
+        found.at_least_1(key, value);
     }
     if connections.max_open_per_client > connections.max_open {
-        return Err(format!(
-            "connections.max_open_per_client must be at most connections.max_open ({}; 0 turns it off), got {}",
-            connections.max_open, connections.max_open_per_client
-        ));
+        found.broken(
+            "connections.max_open_per_client",
+            format!(
+                "connections.max_open_per_client must be at most connections.max_open ({}; 0 turns it off), got {}",
+                connections.max_open, connections.max_open_per_client
+            ),
+        );
     }
     if connections.threads > MAX_CONNECTION_THREADS {
-        return Err(format!(
-            "connections.threads must be at most {MAX_CONNECTION_THREADS} (got {}; 0 serves connections on the shared worker threads)",
-            connections.threads
-        ));
+        found.broken(
+            "connections.threads",
+            format!(
+                "connections.threads must be at most {MAX_CONNECTION_THREADS} (got {}; 0 serves connections on the shared worker threads)",
+                connections.threads
+            ),
+        );
     }
-    Ok(())
 }
 
-fn fleet(fleet: &FleetSettings) -> Result<(), String> {
-    if fleet.probe_interval_ms == 0
-        || fleet.probe_timeout_ms == 0
-        || fleet.eject_base_ms == 0
-        || fleet.request_window_ms == 0
-        || fleet.keepalive_interval_ms == 0
-    {
-        return Err(
-            "fleet.probe_interval_ms, probe_timeout_ms, eject_base_ms, request_window_ms and keepalive_interval_ms must be at least 1".into(),
-        );
+fn fleet(fleet: &FleetSettings, found: &mut Findings) {
+    for (key, value) in [
+        ("fleet.probe_interval_ms", fleet.probe_interval_ms),
+        ("fleet.probe_timeout_ms", fleet.probe_timeout_ms),
+        ("fleet.eject_base_ms", fleet.eject_base_ms),
+        ("fleet.request_window_ms", fleet.request_window_ms),
+        ("fleet.keepalive_interval_ms", fleet.keepalive_interval_ms),
+    ] {
+        found.at_least_1(key, value);
     }
     if fleet.eject_max_ms < fleet.eject_base_ms {
-        return Err("fleet.eject_max_ms must be at least fleet.eject_base_ms".into());
-    }
-    if !(PREFIX_BLOCK_BYTES..=MAX_PREFIX_BYTES).contains(&fleet.prefix_bytes) {
-        return Err(format!(
-            "fleet.prefix_bytes must be between {PREFIX_BLOCK_BYTES} and {MAX_PREFIX_BYTES} (got {})",
-            fleet.prefix_bytes
-        ));
-    }
-    if !(1..=MAX_PREFIX_TRACKED).contains(&fleet.prefix_tracked) {
-        return Err(format!(
-            "fleet.prefix_tracked must be between 1 and {MAX_PREFIX_TRACKED} (got {})",
-            fleet.prefix_tracked
-        ));
-    }
-    if !(fleet.prefix_imbalance_abs.is_finite() && fleet.prefix_imbalance_abs >= 0.0) {
-        return Err(format!(
-            "fleet.prefix_imbalance_abs must be 0 or more (got {})",
-            fleet.prefix_imbalance_abs
-        ));
-    }
-    if !(fleet.prefix_imbalance_rel.is_finite() && fleet.prefix_imbalance_rel >= 1.0) {
-        return Err(format!(
-            "fleet.prefix_imbalance_rel must be at least 1 (got {})",
-            fleet.prefix_imbalance_rel
-        ));
-    }
-    Ok(())
-}
-
-fn jobs(jobs: &JobSettings) -> Result<(), String> {
-    if jobs.lease_ms < 300 || jobs.poll_interval_ms == 0 || jobs.sweep_interval_ms == 0 {
-        return Err(
-            "jobs.lease_ms must be at least 300, jobs.poll_interval_ms and sweep_interval_ms at least 1".into(),
+        found.broken(
+            "fleet.eject_max_ms",
+            "fleet.eject_max_ms must be at least fleet.eject_base_ms",
         );
     }
-    if jobs.max_waiters > jobs::MAX_WAITERS {
-        return Err(format!(
-            "jobs.max_waiters must be at most {} (got {})",
-            jobs::MAX_WAITERS,
-            jobs.max_waiters
-        ));
+    if !(PREFIX_BLOCK_BYTES..=MAX_PREFIX_BYTES).contains(&fleet.prefix_bytes) {
+        found.broken(
+            "fleet.prefix_bytes",
+            format!(
+                "fleet.prefix_bytes must be between {PREFIX_BLOCK_BYTES} and {MAX_PREFIX_BYTES} (got {})",
+                fleet.prefix_bytes
+            ),
+        );
     }
-    if jobs.max_attempts == 0 || jobs.run_timeout_ms == 0 {
-        return Err("jobs.max_attempts and jobs.run_timeout_ms must be at least 1".into());
+    if !(1..=MAX_PREFIX_TRACKED).contains(&fleet.prefix_tracked) {
+        found.broken(
+            "fleet.prefix_tracked",
+            format!(
+                "fleet.prefix_tracked must be between 1 and {MAX_PREFIX_TRACKED} (got {})",
+                fleet.prefix_tracked
+            ),
+        );
     }
-    if jobs.max_pending_bytes_per_key == 0 {
-        return Err("jobs.max_pending_bytes_per_key must be at least 1".into());
+    if !(fleet.prefix_imbalance_abs.is_finite() && fleet.prefix_imbalance_abs >= 0.0) {
+        found.broken(
+            "fleet.prefix_imbalance_abs",
+            format!(
+                "fleet.prefix_imbalance_abs must be 0 or more (got {})",
+                fleet.prefix_imbalance_abs
+            ),
+        );
     }
-    Ok(())
+    if !(fleet.prefix_imbalance_rel.is_finite() && fleet.prefix_imbalance_rel >= 1.0) {
+        found.broken(
+            "fleet.prefix_imbalance_rel",
+            format!(
+                "fleet.prefix_imbalance_rel must be at least 1 (got {})",
+                fleet.prefix_imbalance_rel
+            ),
+        );
+    }
 }
 
-fn traces(traces: &TraceSettings) -> Result<(), String> {
+fn jobs(jobs: &JobSettings, found: &mut Findings) {
+    if jobs.lease_ms < 300 {
+        found.broken("jobs.lease_ms", "jobs.lease_ms must be at least 300");
+    }
+    found.at_least_1("jobs.poll_interval_ms", jobs.poll_interval_ms);
+    found.at_least_1("jobs.sweep_interval_ms", jobs.sweep_interval_ms);
+    if jobs.max_waiters > jobs::MAX_WAITERS {
+        found.broken(
+            "jobs.max_waiters",
+            format!(
+                "jobs.max_waiters must be at most {} (got {})",
+                jobs::MAX_WAITERS,
+                jobs.max_waiters
+            ),
+        );
+    }
+    found.at_least_1("jobs.max_attempts", jobs.max_attempts.into());
+    found.at_least_1("jobs.run_timeout_ms", jobs.run_timeout_ms);
+    found.at_least_1(
+        "jobs.max_pending_bytes_per_key",
+        jobs.max_pending_bytes_per_key,
+    );
+}
+
+fn traces(traces: &TraceSettings, found: &mut Findings) {
     if !(0.0..=1.0).contains(&traces.sample_ratio) {
-        return Err(format!(
-            "traces.sample_ratio must be between 0 and 1 (got {})",
-            traces.sample_ratio
-        ));
+        found.broken(
+            "traces.sample_ratio",
+            format!(
+                "traces.sample_ratio must be between 0 and 1 (got {})",
+                traces.sample_ratio
+            ),
+        );
     }
     if let Some(endpoint) = traces.otlp_endpoint.as_deref()
         && !is_http_url(endpoint)
     {
-        return Err(format!(
-            "traces.otlp_endpoint must be an http(s) URL (got '{endpoint}')"
-        ));
+        found.broken(
+            "traces.otlp_endpoint",
+            format!("traces.otlp_endpoint must be an http(s) URL (got '{endpoint}')"),
+        );
     }
-    Ok(())
 }
 
 fn is_http_url(url: &str) -> bool {
@@ -365,7 +497,21 @@ fn is_http_url(url: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::Broken;
+    use crate::config::Config;
     use crate::config::schema::tests::{document, parse};
+
+    impl Config {
+        /// The broken rules, said as one line.
+        fn validate(&self) -> Result<(), String> {
+            let broken = self.broken_rules();
+            if broken.is_empty() {
+                return Ok(());
+            }
+            let said: Vec<String> = broken.into_iter().map(|b| b.message).collect();
+            Err(said.join("; "))
+        }
+    }
 
     /// Why a config with `keys` under `[section]` is refused.
     fn refusal(section: &str, keys: &str) -> String {
@@ -503,5 +649,63 @@ mod tests {
             refused("sample_ratio = 1.5").contains("traces.sample_ratio must be between 0 and 1")
         );
         assert!(refused("otlp_endpoint = \"collector:4318\"").contains("traces.otlp_endpoint"));
+    }
+
+    #[test]
+    fn every_broken_rule_is_said_with_its_key() {
+        let document = format!(
+            "database_url = \"mysql://u:secret@db/x\"\nredis_url = \"http://cache:6379\"\n{}",
+            document(
+                "fleet",
+                "prefix_bytes = 100\neject_max_ms = 0",
+                "max_logprobs = 100000"
+            )
+        );
+        let broken = parse(&document).unwrap().broken_rules();
+        let keys: Vec<&str> = broken.iter().map(|b| b.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "database_url",
+                "redis_url",
+                "models.0.max_logprobs",
+                "fleet.eject_max_ms",
+                "fleet.prefix_bytes"
+            ],
+            "{broken:?}"
+        );
+        let said = |key: &str| {
+            broken
+                .iter()
+                .find(|b: &&Broken| b.key == key)
+                .map(|b| b.message.clone())
+                .unwrap()
+        };
+        assert!(said("database_url").contains("(got a mysql: URL)"));
+        assert!(!said("database_url").contains("secret"));
+        assert!(said("redis_url").contains("rediss:// (TLS)"));
+    }
+
+    #[test]
+    fn each_store_scheme_is_taken() {
+        for (key, url) in [
+            ("database_url", "sqlite://data/fg.db"),
+            ("database_url", "sqlite::memory:"),
+            ("database_url", "postgres://fg@db/x"),
+            ("database_url", "postgresql://db/x"),
+            ("redis_url", "redis://cache:6379/0"),
+            ("redis_url", "rediss://cache:6380"),
+            ("redis_url", "unix:///run/redis.sock"),
+            ("redis_url", "redis+unix:///run/redis.sock"),
+        ] {
+            let document = format!("{key} = \"{url}\"\n{}", document("limits", "", ""));
+            assert!(parse(&document).unwrap().validate().is_ok(), "{url}");
+        }
+        let document = format!(
+            "database_url = \"data/fg.db\"\n{}",
+            document("limits", "", "")
+        );
+        let refused = parse(&document).unwrap().validate().unwrap_err();
+        assert!(refused.contains("(got no scheme)"), "{refused}");
     }
 }

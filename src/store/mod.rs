@@ -10,7 +10,8 @@
 //! completion text; written in batches by [`crate::request_log::RequestLog`]) and `jobs`
 //! (completion jobs, [`JobStore`]). The Workbench's and Loom's saved work
 //! (`workbench_items`, `loom_trees`, `loom_nodes`) sits behind a trait of its own,
-//! [`workbench::WorkbenchStore`], reached through [`Store::workbench`].
+//! [`workbench::WorkbenchStore`], reached through [`Store::workbench`]. [`backup`] copies
+//! a SQLite store while a server uses it (`fleetgate backup`).
 
 use std::sync::Arc;
 
@@ -42,14 +43,17 @@ mod job_sql;
 #[macro_use]
 mod workbench_sql;
 mod backend;
+mod backup;
 mod columns;
 mod jobs;
+mod migrations;
 mod postgres;
 mod records;
 mod sqlite;
 pub mod workbench;
 
 pub use backend::Store;
+pub use backup::{Backup, backup};
 pub use columns::{now_unix, now_unix_ms};
 pub use jobs::{
     Inserted, JobEnds, JobOutcome, JobQuery, JobRow, JobStatus, JobStore, NewJob, Pending,
@@ -105,8 +109,8 @@ pub fn redacted(url: &str) -> String {
 }
 
 /// The scheme of a URL (RFC 3986: a letter, then letters, digits, `+`, `-`, `.`), if it
-/// has one.
-fn url_scheme(url: &str) -> Option<&str> {
+/// has one. (Also the config's check of its store URLs.)
+pub fn url_scheme(url: &str) -> Option<&str> {
     let (scheme, _) = url.split_once(':')?;
     let mut chars = scheme.chars();
     let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic());

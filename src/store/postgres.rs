@@ -1,6 +1,7 @@
 //! The PostgreSQL backend.
 
 use std::str::FromStr as _;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use sqlx::Connection as _;
@@ -21,7 +22,8 @@ use super::records::{
 };
 use crate::key_secret::NewKey;
 
-static MIGRATOR: Migrator = sqlx::migrate!("migrations/postgres");
+static MIGRATOR: LazyLock<Migrator> =
+    LazyLock::new(|| super::migrations::rollback_tolerant(sqlx::migrate!("migrations/postgres")));
 
 const POOL_SIZE: u32 = 10;
 /// The channel the key feed trigger (migration 0003) notifies.

@@ -1,6 +1,7 @@
 //! The SQLite backend: the embedded default.
 
 use std::str::FromStr as _;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use sqlx::SqlitePool;
@@ -19,7 +20,8 @@ use super::records::{
 use crate::backoff::Backoff;
 use crate::key_secret::NewKey;
 
-static MIGRATOR: Migrator = sqlx::migrate!("migrations/sqlite");
+static MIGRATOR: LazyLock<Migrator> =
+    LazyLock::new(|| super::migrations::rollback_tolerant(sqlx::migrate!("migrations/sqlite")));
 
 /// How long a statement waits for another connection's (or process's) write lock
 /// before failing with "database is locked".
@@ -125,7 +127,7 @@ impl SqliteStore {
 
 /// Whether a `sqlite:` URL names an in-memory database (`sqlite::memory:`,
 /// `sqlite://:memory:`, or `?mode=memory`).
-fn is_memory(url: &str) -> bool {
+pub(super) fn is_memory(url: &str) -> bool {
     let rest = url
         .strip_prefix("sqlite://")
         .or_else(|| url.strip_prefix("sqlite:"))

@@ -15,6 +15,7 @@ mod cli;
 mod demo;
 mod jobs;
 mod log;
+mod operations;
 
 /// mimalloc rather than glibc's malloc: a request makes many small allocations that
 /// other threads free, and under load glibc's arenas spent about a tenth of the
@@ -96,8 +97,35 @@ enum Command {
         #[command(subcommand)]
         command: JobsCommand,
     },
+    /// Check the config file without starting anything: every problem at once, each
+    /// with its line (or the variable that set it); exit status 1 when there is any.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+    /// Copy the SQLite store to a new file while the gateway serves (a consistent
+    /// snapshot; restore by pointing `database_url` at the copy). PostgreSQL: pg_dump.
+    Backup {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// The file to write; it must not exist, unless --force.
+        dest: PathBuf,
+        /// Replace DEST if it exists.
+        #[arg(long)]
+        force: bool,
+    },
     /// Print the OpenAPI document.
     Openapi,
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Check a config file (`--config`, as `serve` reads it, `FLEETGATE_*` overrides
+    /// included) and print a summary of what it sets up.
+    Check {
+        #[command(flatten)]
+        config: ConfigArg,
+    },
 }
 
 #[derive(Subcommand)]
@@ -421,6 +449,22 @@ async fn run(args: Args) -> anyhow::Result<()> {
             if !out.is_empty() {
                 println!("{out}");
             }
+            Ok(())
+        }
+        Command::Config {
+            command: ConfigCommand::Check { config },
+        } => {
+            println!("{}", operations::check(&config.path)?);
+            Ok(())
+        }
+        Command::Backup {
+            config,
+            dest,
+            force,
+        } => {
+            let config = config.load()?;
+            let backup = fleetgate::store::backup(&config.database_url, &dest, force).await?;
+            println!("{}", operations::said(&backup));
             Ok(())
         }
         Command::Openapi => {
