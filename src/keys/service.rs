@@ -6,12 +6,22 @@
 use crate::admission::{KeyLimits, Month};
 use crate::config::LimitDefaults;
 use crate::key_limits::{InvalidLimit, Limit, LimitInput};
-use crate::key_secret::{Secret, generate};
-use crate::store::{KeyRecord, LimitOverrides, LimitUpdate, Store, StoreError};
+use crate::key_secret::{Secret, generate, generate_for_prefix};
+use crate::store::{KeyRecord, LimitOverrides, LimitUpdate, Store, StoreError, now_unix};
+use crate::times::format_duration;
 
 /// How many fresh keys `create` tries when a generated prefix is already taken (a
 /// 54-bit collision: in practice never twice).
 const CREATE_ATTEMPTS: usize = 3;
+/// How long a rotated key's previous secret keeps working when no grace is asked for:
+/// a day, time to roll the new one out.
+pub const DEFAULT_GRACE_SECS: u64 = 86_400;
+/// The longest grace: a secret being replaced (perhaps because it leaked) should not
+/// linger for months.
+pub const MAX_GRACE_SECS: u64 = 30 * 86_400;
+/// The latest expiry a key may have (9999-12-31T23:59:59Z), so that every expiry can be
+/// written as an RFC 3339 time.
+pub const MAX_EXPIRES_AT: i64 = 253_402_300_799;
 
 /// A new key's own limits as asked for, not yet checked; `None`: the configured default.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -105,6 +115,19 @@ pub enum KeyError {
     /// No key has this id or prefix.
     #[error("no key with id or prefix '{0}'")]
     NotFound(String),
+    /// A rotation asked for a grace over [`MAX_GRACE_SECS`]; nothing was changed.
+    #[error(
+        "the grace period must be at most {max} ({MAX_GRACE_SECS} seconds), got {got} ({0} seconds)",
+        max = format_duration(MAX_GRACE_SECS),
+        got = format_duration(*.0)
+    )]
+    GraceTooLong(u64),
+    /// An expiry before 1970 or after [`MAX_EXPIRES_AT`]; nothing was changed.
+    #[error("an expiry must be between 1970-01-01T00:00:00Z and 9999-12-31T23:59:59Z (got Unix second {0})")]
+    ExpiryOutOfRange(i64),
+    /// A revoked key (by its prefix) cannot be rotated: revocation is final.
+    #[error("key {0} is revoked, and a revoked key cannot be rotated; create a new key instead")]
+    Revoked(String),
     /// The store failed (or, for a value only the store knows to refuse,
     /// [`StoreError::Invalid`]).
     #[error(transparent)]
@@ -129,19 +152,26 @@ impl<'a> KeyService<'a> {
         KeyLimits::resolve(self.defaults, &record.limits)
     }
 
-    /// Creates a key with these limits (checked first: an invalid one creates nothing).
+    /// Creates a key with these limits and, if given, the Unix second from which it is
+    /// refused (both checked first: an invalid one creates nothing). An expiry already
+    /// past is taken: the key is refused from the start.
     pub async fn create(
         &self,
         name: &str,
         email: Option<&str>,
         limits: &NewLimits,
+        expires_at: Option<i64>,
     ) -> Result<IssuedKey, KeyError> {
         let limits = limits.check()?;
+        let expires_at = expires_at.map(check_expiry).transpose()?;
         let mut attempt = 0;
         loop {
             attempt += 1;
             let key = generate();
-            match self.store.create_key(name, email, &key, &limits).await {
+            let created = self
+                .store
+                .create_expiring_key(name, email, &key, &limits, expires_at);
+            match created.await {
                 Ok(record) => {
                     return Ok(IssuedKey {
                         record,
@@ -189,6 +219,50 @@ impl<'a> KeyService<'a> {
             .ok_or_else(|| not_found(id_or_prefix))
     }
 
+    /// Sets (`Some`, Unix seconds) or clears (`None`) the time from which a key is
+    /// refused (revoked keys too). An expiry already past is taken: the key is refused
+    /// from now on.
+    pub async fn set_expiry(
+        &self,
+        id_or_prefix: &str,
+        expires_at: Option<i64>,
+    ) -> Result<KeyRecord, KeyError> {
+        let expires_at = expires_at.map(check_expiry).transpose()?;
+        self.store
+            .set_expiry(id_or_prefix, expires_at)
+            .await?
+            .ok_or_else(|| not_found(id_or_prefix))
+    }
+
+    /// Gives a key a new secret (same id, prefix, limits, usage, budget, expiry, jobs
+    /// and saved work) and returns it, to hand out once. The secret it replaces keeps
+    /// working for `grace_secs` more seconds (0: it stops now). Rotating again during a
+    /// grace keeps only the secret this rotation replaces, with the new grace: the one
+    /// before it stops at once. A revoked key is refused ([`KeyError::Revoked`]).
+    pub async fn rotate(&self, id_or_prefix: &str, grace_secs: u64) -> Result<IssuedKey, KeyError> {
+        if grace_secs > MAX_GRACE_SECS {
+            return Err(KeyError::GraceTooLong(grace_secs));
+        }
+        let record = self.find(id_or_prefix).await?;
+        if !record.is_active() {
+            return Err(KeyError::Revoked(record.prefix));
+        }
+        let key = generate_for_prefix(&record.prefix).ok_or_else(|| {
+            StoreError::Invalid(format!("key {} has a malformed prefix", record.prefix))
+        })?;
+        // Within i64: the grace is at most MAX_GRACE_SECS.
+        let previous_until = (grace_secs > 0).then(|| now_unix() + grace_secs as i64);
+        let record = self
+            .store
+            .rotate_key(&record.id.to_string(), &key.hash, previous_until)
+            .await?
+            .ok_or_else(|| not_found(id_or_prefix))?;
+        Ok(IssuedKey {
+            record,
+            secret: key.secret,
+        })
+    }
+
     /// A key's usage in `month` from the usage ledger, with its limits in force.
     pub async fn usage(&self, id_or_prefix: &str, month: Month) -> Result<MonthUsage, KeyError> {
         let record = self.find(id_or_prefix).await?;
@@ -209,6 +283,15 @@ impl<'a> KeyService<'a> {
 
 fn not_found(id_or_prefix: &str) -> KeyError {
     KeyError::NotFound(id_or_prefix.to_owned())
+}
+
+/// An expiry within the range every expiry may take.
+fn check_expiry(at: i64) -> Result<i64, KeyError> {
+    if (0..=MAX_EXPIRES_AT).contains(&at) {
+        Ok(at)
+    } else {
+        Err(KeyError::ExpiryOutOfRange(at))
+    }
 }
 
 #[cfg(test)]
@@ -239,7 +322,7 @@ mod tests {
         let defaults = defaults();
         let keys = KeyService::new(store.as_ref(), &defaults);
         let kept = keys
-            .create("kept", None, &NewLimits::default())
+            .create("kept", None, &NewLimits::default(), None)
             .await
             .unwrap();
 
@@ -325,7 +408,7 @@ mod tests {
                     change.share = Some(Some(input.clone()));
                 }
             }
-            match keys.create("bad", None, &new).await {
+            match keys.create("bad", None, &new, None).await {
                 Err(KeyError::InvalidLimit(err)) => {
                     assert_eq!(err.limit(), limit);
                     assert_eq!(err.to_string(), message);
@@ -358,7 +441,7 @@ mod tests {
             max_queued: whole(0),
             share: whole(1000),
         };
-        let issued = keys.create("edges", Some("e@x"), &edges).await.unwrap();
+        let issued = keys.create("edges", Some("e@x"), &edges, None).await.unwrap();
         assert!(issued.secret.expose().starts_with(&issued.record.prefix));
         assert_eq!(
             issued.record.limits,
