@@ -510,4 +510,137 @@ mod tests {
         ));
         assert_eq!(keys.list().await.unwrap(), [revoked]);
     }
+
+    fn hash_of(secret: &Secret) -> [u8; 32] {
+        crate::key_secret::parse_bearer(secret.expose()).unwrap().1
+    }
+
+    /// A rotation keeps the key (id, prefix, limits, usage) and gives it a new secret;
+    /// both work during the grace, only the new one after it. Rotating again keeps only
+    /// the secret that rotation replaced; a grace of 0 keeps none.
+    #[tokio::test]
+    async fn rotate_keeps_the_key_and_the_old_secret_for_the_grace() {
+        use crate::keys::{Refusal, check};
+
+        let store = crate::store::connect("sqlite::memory:").await.unwrap();
+        let defaults = defaults();
+        let keys = KeyService::new(store.as_ref(), &defaults);
+        let limits = NewLimits {
+            max_queued: whole(3),
+            ..NewLimits::default()
+        };
+        let first = keys.create("r", None, &limits, None).await.unwrap();
+        let month = Month::now();
+        store
+            .record_usage(&crate::store::UsageRow {
+                key_id: first.record.id,
+                request_id: "req_1".to_owned(),
+                month: month.to_string(),
+                prompt_tokens: 7,
+                completion_tokens: 3,
+                created_at: 0,
+            })
+            .await
+            .unwrap();
+
+        let now = now_unix();
+        let second = keys.rotate(&first.record.prefix, 3_600).await.unwrap();
+        let record = &second.record;
+        assert_eq!(
+            (record.id, &record.prefix, record.limits, record.created_at),
+            (
+                first.record.id,
+                &first.record.prefix,
+                first.record.limits,
+                first.record.created_at
+            )
+        );
+        assert_ne!(second.secret, first.secret);
+        assert!(second.secret.expose().starts_with(&record.prefix));
+        let grace_end = record.previous_secret_expires_at(now).unwrap();
+        assert!((now + 3_600..=now + 3_601).contains(&grace_end), "{grace_end}");
+        assert_eq!(keys.usage(&record.prefix, month).await.unwrap().used, 10);
+        let (old, new) = (hash_of(&first.secret), hash_of(&second.secret));
+        assert_eq!(check(record, &old, now), Ok(()));
+        assert_eq!(check(record, &new, now), Ok(()));
+        assert_eq!(
+            check(record, &old, grace_end),
+            Err(Refusal::Replaced { at: grace_end })
+        );
+        assert_eq!(check(record, &new, grace_end), Ok(()));
+
+        // Again during the grace: the secret just replaced is kept, the first stops.
+        let third = keys.rotate(&record.id.to_string(), 60).await.unwrap();
+        let newest = hash_of(&third.secret);
+        assert_eq!(check(&third.record, &old, now), Err(Refusal::Unknown));
+        assert_eq!(check(&third.record, &new, now), Ok(()));
+        assert_eq!(check(&third.record, &newest, now), Ok(()));
+
+        // No grace: only the new secret, at once.
+        let fourth = keys.rotate(&record.prefix, 0).await.unwrap();
+        assert_eq!(fourth.record.previous_secret_expires_at(now), None);
+        assert_eq!(check(&fourth.record, &newest, now), Err(Refusal::Unknown));
+        assert_eq!(check(&fourth.record, &hash_of(&fourth.secret), now), Ok(()));
+
+        // Refused, changing nothing: a grace over the bound, an unknown or revoked key.
+        assert!(matches!(
+            keys.rotate(&record.prefix, MAX_GRACE_SECS + 1).await,
+            Err(KeyError::GraceTooLong(_))
+        ));
+        assert!(matches!(
+            keys.rotate("fg-nosuchkey", 0).await,
+            Err(KeyError::NotFound(_))
+        ));
+        keys.revoke(&record.prefix).await.unwrap();
+        let refused = keys.rotate(&record.prefix, 0).await.unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            format!(
+                "key {} is revoked, and a revoked key cannot be rotated; create a new key instead",
+                record.prefix
+            )
+        );
+        let kept = keys.find(&record.prefix).await.unwrap();
+        assert_eq!(kept.hash, fourth.record.hash);
+    }
+
+    #[tokio::test]
+    async fn an_expiry_is_set_checked_and_cleared() {
+        use crate::keys::{Refusal, check};
+
+        let store = crate::store::connect("sqlite::memory:").await.unwrap();
+        let defaults = defaults();
+        let keys = KeyService::new(store.as_ref(), &defaults);
+        let now = now_unix();
+        let issued = keys
+            .create("e", None, &NewLimits::default(), Some(now + 60))
+            .await
+            .unwrap();
+        let hash = hash_of(&issued.secret);
+        assert_eq!(issued.record.expires_at, Some(now + 60));
+        assert_eq!(check(&issued.record, &hash, now), Ok(()));
+        assert_eq!(
+            check(&issued.record, &hash, now + 60),
+            Err(Refusal::Expired { at: now + 60 })
+        );
+        let prefix = &issued.record.prefix;
+        let past = keys.set_expiry(prefix, Some(now - 1)).await.unwrap();
+        assert!(!past.is_usable(now));
+        assert_eq!(check(&past, &hash, now), Err(Refusal::Expired { at: now - 1 }));
+        let cleared = keys.set_expiry(prefix, None).await.unwrap();
+        assert_eq!(cleared.expires_at, None);
+        assert_eq!(check(&cleared, &hash, i64::MAX), Ok(()));
+
+        for bad in [-1, MAX_EXPIRES_AT + 1] {
+            assert!(matches!(
+                keys.set_expiry(prefix, Some(bad)).await,
+                Err(KeyError::ExpiryOutOfRange(at)) if at == bad
+            ));
+            assert!(matches!(
+                keys.create("bad", None, &NewLimits::default(), Some(bad)).await,
+                Err(KeyError::ExpiryOutOfRange(_))
+            ));
+        }
+        assert_eq!(keys.list().await.unwrap(), [cleared]);
+    }
 }

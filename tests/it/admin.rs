@@ -381,6 +381,11 @@ async fn unknown_keys_are_404_on_every_route() {
                 None,
             ),
             (
+                reqwest::Method::POST,
+                format!("/admin/keys/{target}/rotate"),
+                None,
+            ),
+            (
                 reqwest::Method::PATCH,
                 format!("/admin/keys/{target}/limits"),
                 Some(json!({"max_queued": 3})),

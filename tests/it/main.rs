@@ -48,5 +48,6 @@ mod metrics;
 mod openapi;
 mod prefix;
 mod reload;
+mod rotation;
 mod router;
 mod workbench;

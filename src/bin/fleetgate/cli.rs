@@ -636,6 +636,101 @@ mod tests {
         }
     }
 
+    fn named(name: &str, limits: NewLimits) -> NewKey<'_> {
+        NewKey {
+            name,
+            email: None,
+            limits,
+            expires_at: None,
+        }
+    }
+
+    #[test]
+    fn expiry_and_grace_args() {
+        let now = now_unix();
+        let in_a_day = expiry_arg("1d").unwrap();
+        assert!((now + 86_400..=now + 86_401).contains(&in_a_day));
+        assert_eq!(expiry_arg("2027-01-01T00:00:00Z"), Ok(1_798_761_600));
+        assert_eq!(expiry_arg("2027-01-01"), Ok(1_798_761_600));
+        assert_eq!(expiry_arg("2027-01-01T01:00:00+01:00"), Ok(1_798_761_600));
+        assert_eq!(expiry_setting("never"), Ok(Setting::Default));
+        for bad in ["", "soon", "-1d", "1969-12-31", "2027-01-01T00:00:00"] {
+            assert!(expiry_arg(bad).is_err(), "{bad}");
+        }
+        assert!(expiry_setting("soon").unwrap_err().ends_with(", or 'never'"));
+        assert_eq!(grace_arg("0"), Ok(0));
+        assert_eq!(grace_arg("90s"), Ok(90));
+        assert_eq!(grace_arg("30d"), Ok(2_592_000));
+        assert_eq!(
+            grace_arg("31d").unwrap_err(),
+            "the grace period must be at most 30d (2592000 seconds), got 31d (2678400 seconds)"
+        );
+        assert!(grace_arg("1w").unwrap_err().starts_with("expected a duration"));
+    }
+
+    /// `keys rotate` prints the new secret alone on the last line and when the old one
+    /// stops; `keys set --expires` and `keys usage` show the expiry and the grace.
+    #[tokio::test]
+    async fn rotate_and_expire() {
+        let store = fleetgate::store::connect("sqlite::memory:").await.unwrap();
+        let store = store.as_ref();
+        let defaults = defaults();
+        let new = NewKey {
+            expires_at: Some(now_unix() + 2 * 86_400 + 30),
+            ..named("carol", NewLimits::default())
+        };
+        let out = create_key(store, &defaults, &new, false).await.unwrap();
+        assert!(out.contains("\nExpires: "), "{out}");
+        assert!(out.contains(" (in 2d).\n"), "{out}");
+        let first = out.lines().last().unwrap().to_owned();
+        let prefix = &first[..fleetgate::key_secret::PREFIX_LEN];
+
+        let out = rotate_key(store, &defaults, prefix, 7_200, false)
+            .await
+            .unwrap();
+        let second = out.lines().last().unwrap();
+        assert!(second.starts_with(prefix) && second != first, "{out}");
+        assert!(
+            out.starts_with(&format!("Rotated key {prefix} (id 1, name \"carol\")")),
+            "{out}"
+        );
+        assert!(out.contains("keeps working until "), "{out}");
+        assert!(out.contains("(a grace of 2h); then only the new one does."), "{out}");
+        let out = key_usage(store, &defaults, prefix, false).await.unwrap();
+        assert!(out.contains("  previous secret  works until "), "{out}");
+        // Two hours from the rotation, or just under them by now.
+        assert!(out.contains(" (in 2h)") || out.contains(" (in 1h)"), "{out}");
+
+        let json: serde_json::Value =
+            serde_json::from_str(&rotate_key(store, &defaults, "1", 0, true).await.unwrap())
+                .unwrap();
+        let third = json["secret"].as_str().unwrap();
+        assert!(third.starts_with(prefix) && third != second, "{json}");
+        assert_eq!(json["previous_secret_expires_at"], serde_json::Value::Null);
+        assert_eq!(json["active"], true);
+        let out = rotate_key(store, &defaults, "1", 0, false).await.unwrap();
+        assert!(out.contains("\nThe previous secret stopped working now.\n"), "{out}");
+
+        let no_change = LimitsChange::default();
+        let out = set_limits(store, &defaults, prefix, &no_change, Some(Some(1)))
+            .await
+            .unwrap();
+        assert!(out.contains("(id 1, name \"carol\"), expired:"), "{out}");
+        assert!(out.contains("  expires          1970-01-01T00:00:01Z (passed)"), "{out}");
+        let list = list_keys(store, &defaults, false).await.unwrap();
+        assert!(list.contains(" expired  carol"), "{list}");
+        let out = set_limits(store, &defaults, prefix, &no_change, Some(None))
+            .await
+            .unwrap();
+        assert!(out.contains("  expires          never"), "{out}");
+
+        revoke_key(store, &defaults, prefix).await.unwrap();
+        let err = rotate_key(store, &defaults, prefix, 0, false)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("is revoked"), "{err}");
+    }
+
     #[tokio::test]
     async fn create_set_usage_list() {
         let store = fleetgate::store::connect("sqlite::memory:").await.unwrap();
@@ -647,7 +742,7 @@ mod tests {
             ..NewLimits::default()
         };
 
-        let out = create_key(store, &defaults, "alice", None, &own, false)
+        let out = create_key(store, &defaults, &named("alice", own), false)
             .await
             .unwrap();
         let secret = out.lines().last().unwrap();
@@ -661,7 +756,7 @@ mod tests {
         let record = store.key(prefix).await.unwrap().unwrap();
 
         let json: serde_json::Value = serde_json::from_str(
-            &create_key(store, &defaults, "bob", None, &NewLimits::default(), true)
+            &create_key(store, &defaults, &named("bob", NewLimits::default()), true)
                 .await
                 .unwrap(),
         )
@@ -680,12 +775,12 @@ mod tests {
             requests_per_minute: Some(None),
             ..LimitsChange::default()
         };
-        let out = set_limits(store, &defaults, prefix, &update).await.unwrap();
+        let out = set_limits(store, &defaults, prefix, &update, None).await.unwrap();
         assert!(out.contains("  monthly budget   500 tokens (own)"), "{out}");
         assert!(out.contains("  requests/minute  600 (default)"), "{out}");
         assert!(out.contains("  share            3 (own)"), "{out}");
         assert!(
-            set_limits(store, &defaults, "fg-nosuchkey", &update)
+            set_limits(store, &defaults, "fg-nosuchkey", &update, None)
                 .await
                 .is_err()
         );
@@ -706,7 +801,7 @@ mod tests {
             ),
             (bad_share, "--share must be between 1 and 1000 (got 0)"),
         ] {
-            let err = set_limits(store, &defaults, prefix, &bad)
+            let err = set_limits(store, &defaults, prefix, &bad, None)
                 .await
                 .unwrap_err();
             assert_eq!(err.to_string(), named);
@@ -758,16 +853,11 @@ mod tests {
         let store = store.as_ref();
         let defaults = defaults();
         let name = "evil\u{1b}]0;pwned\u{7}\u{1b}[2J\r";
-        create_key(
-            store,
-            &defaults,
-            name,
-            Some("x\u{1b}[31m@y"),
-            &NewLimits::default(),
-            false,
-        )
-        .await
-        .unwrap();
+        let new = NewKey {
+            email: Some("x\u{1b}[31m@y"),
+            ..named(name, NewLimits::default())
+        };
+        create_key(store, &defaults, &new, false).await.unwrap();
         let out = list_keys(store, &defaults, false).await.unwrap();
         assert!(!out.contains(['\u{1b}', '\u{7}', '\r']), "{out:?}");
         assert!(out.contains(r"evil\u{1b}]0;pwned\u{7}\u{1b}[2J\r"), "{out}");

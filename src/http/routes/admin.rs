@@ -386,7 +386,7 @@ pub async fn revoke_key(
     Ok(Json(KeyView::new(&keys, &record)))
 }
 
-#[utoipa::path(post, path = "/admin/keys/{key}/rotate", tag = "admin", request_body(content = Option<RotateRequest>, description = "Optional: without a body (or with `{}`) the previous secret keeps working for a day."),
+#[utoipa::path(post, path = "/admin/keys/{key}/rotate", tag = "admin", request_body(content = Option<RotateRequest>, description = "Optional: without a body (or with `{}` or `null`) the previous secret keeps working for a day."),
     description = "Issues a new secret for the key, shown only in this response: the same id, prefix, limits, usage, budget, expiry, jobs and saved work. The secret it replaces keeps working until `previous_secret_expires_at` (the grace), then only the new one does. Rotating again during a grace keeps only the secret that rotation replaces; the one before it stops at once. The change reaches every replica through the key change feed.",
     params(("key" = String, Path, description = "Key id or prefix")),
     responses((status = 200, body = CreatedKey), (status = 400, description = "`invalid_request`: `grace_seconds` is over 30 days or not a whole number (`param` names it), the key is revoked, the body is not the JSON object documented, or `{key}` is not UTF-8 once percent-decoded.", body = crate::http::openapi::ErrorEnvelopeDoc), (status = 401, body = crate::http::openapi::ErrorEnvelopeDoc), (status = 404, body = crate::http::openapi::ErrorEnvelopeDoc), (status = 408, description = "`request_timeout`: the body did not arrive within `connections.body_read_timeout_ms` of its headers.", body = crate::http::openapi::ErrorEnvelopeDoc), (status = 413, description = "`request_too_large`: the body is over 2 MiB (or `max_body_bytes` if that is less). Carries `X-Should-Retry: false`.", body = crate::http::openapi::ErrorEnvelopeDoc)),
@@ -397,9 +397,11 @@ pub async fn rotate_key(
     request: Request,
 ) -> Result<Json<CreatedKey>, ApiError> {
     let rotate = if has_body(request.headers()) {
-        JsonBody::<RotateRequest>::from_request(request, &state)
+        // `null` is the document's other choice (no body at all).
+        JsonBody::<Option<RotateRequest>>::from_request(request, &state)
             .await?
             .0
+            .unwrap_or_default()
     } else {
         RotateRequest::default()
     };
