@@ -110,7 +110,10 @@ fn split_offset(clock: &str) -> Option<(&str, i64)> {
     if hours > 23 || minutes > 59 {
         return None;
     }
-    Some((clock, sign * (i64::from(hours) * 3_600 + i64::from(minutes) * 60)))
+    Some((
+        clock,
+        sign * (i64::from(hours) * 3_600 + i64::from(minutes) * 60),
+    ))
 }
 
 /// Exactly two ASCII digits.

@@ -485,14 +485,6 @@ async fn key_changes_reach_both_replicas_within_a_second() {
     }
 }
 
-/// The Unix second now, by the clock the replicas share.
-fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64
-}
-
 /// A key rotated through replica A's admin API with a grace of 3 s: within 1 s both
 /// replicas have the rotation (through the change feed: the new secret works on B, and
 /// B's `/v1/usage` names the grace's end); the old secret keeps working on both until
@@ -547,16 +539,22 @@ async fn a_rotated_keys_old_and_new_secrets_both_work_until_the_grace_ends_on_bo
     let mut refused_on = [false; 2];
     while refused_on != [true; 2] {
         for (i, url) in cluster.urls.iter().enumerate() {
-            let before = unix_now();
+            let before = fleetgate::store::now_unix();
             let answer = old.complete_within(ANSWER, url, &body).await;
-            let after = unix_now();
+            let after = fleetgate::store::now_unix();
             match answer.status().as_u16() {
                 200 => {
-                    assert!(before < grace_end, "{url}: the old secret works after the grace");
+                    assert!(
+                        before < grace_end,
+                        "{url}: the old secret works after the grace"
+                    );
                     answer.bytes().await.unwrap();
                 }
                 401 => {
-                    assert!(after >= grace_end, "{url}: the old secret refused in its grace");
+                    assert!(
+                        after >= grace_end,
+                        "{url}: the old secret refused in its grace"
+                    );
                     let refusal: Value = answer.json().await.unwrap();
                     assert!(
                         refusal["error"]["message"]
@@ -579,7 +577,10 @@ async fn a_rotated_keys_old_and_new_secrets_both_work_until_the_grace_ends_on_bo
         tokio::time::sleep(POLL).await;
     }
     for url in &cluster.urls {
-        assert_eq!(new.usage(url).await["previous_secret_expires_at"], Value::Null);
+        assert_eq!(
+            new.usage(url).await["previous_secret_expires_at"],
+            Value::Null
+        );
     }
 }
 

@@ -123,7 +123,9 @@ pub enum KeyError {
     )]
     GraceTooLong(u64),
     /// An expiry before 1970 or after [`MAX_EXPIRES_AT`]; nothing was changed.
-    #[error("an expiry must be between 1970-01-01T00:00:00Z and 9999-12-31T23:59:59Z (got Unix second {0})")]
+    #[error(
+        "an expiry must be between 1970-01-01T00:00:00Z and 9999-12-31T23:59:59Z (got Unix second {0})"
+    )]
     ExpiryOutOfRange(i64),
     /// A revoked key (by its prefix) cannot be rotated: revocation is final.
     #[error("key {0} is revoked, and a revoked key cannot be rotated; create a new key instead")]
@@ -441,7 +443,10 @@ mod tests {
             max_queued: whole(0),
             share: whole(1000),
         };
-        let issued = keys.create("edges", Some("e@x"), &edges, None).await.unwrap();
+        let issued = keys
+            .create("edges", Some("e@x"), &edges, None)
+            .await
+            .unwrap();
         assert!(issued.secret.expose().starts_with(&issued.record.prefix));
         assert_eq!(
             issued.record.limits,
@@ -558,7 +563,10 @@ mod tests {
         assert_ne!(second.secret, first.secret);
         assert!(second.secret.expose().starts_with(&record.prefix));
         let grace_end = record.previous_secret_expires_at(now).unwrap();
-        assert!((now + 3_600..=now + 3_601).contains(&grace_end), "{grace_end}");
+        assert!(
+            (now + 3_600..=now + 3_601).contains(&grace_end),
+            "{grace_end}"
+        );
         assert_eq!(keys.usage(&record.prefix, month).await.unwrap().used, 10);
         let (old, new) = (hash_of(&first.secret), hash_of(&second.secret));
         assert_eq!(check(record, &old, now), Ok(()));
@@ -626,7 +634,10 @@ mod tests {
         let prefix = &issued.record.prefix;
         let past = keys.set_expiry(prefix, Some(now - 1)).await.unwrap();
         assert!(!past.is_usable(now));
-        assert_eq!(check(&past, &hash, now), Err(Refusal::Expired { at: now - 1 }));
+        assert_eq!(
+            check(&past, &hash, now),
+            Err(Refusal::Expired { at: now - 1 })
+        );
         let cleared = keys.set_expiry(prefix, None).await.unwrap();
         assert_eq!(cleared.expires_at, None);
         assert_eq!(check(&cleared, &hash, i64::MAX), Ok(()));
@@ -637,7 +648,8 @@ mod tests {
                 Err(KeyError::ExpiryOutOfRange(at)) if at == bad
             ));
             assert!(matches!(
-                keys.create("bad", None, &NewLimits::default(), Some(bad)).await,
+                keys.create("bad", None, &NewLimits::default(), Some(bad))
+                    .await,
                 Err(KeyError::ExpiryOutOfRange(_))
             ));
         }

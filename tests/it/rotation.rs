@@ -3,44 +3,16 @@
 //! the grace ends; an expired key is refused with the same 401 as an unknown one, its
 //! message saying when it expired; `/v1/usage` says when either happens.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
+use crate::admin::{TOKEN, admin, call};
 use crate::common::{Gateway, MODEL, expect_error};
-use mock_vllm::MockConfig;
+use fleetgate::store::now_unix as now;
 use serde_json::{Value, json};
 
-const TOKEN: &str = "admin-token-for-rotation-tests-0123";
 /// The longest a short grace (or expiry) of a test may take to be seen ending.
 const SOON: Duration = Duration::from_secs(5);
 const POLL: Duration = Duration::from_millis(50);
-
-async fn admin() -> Gateway {
-    Gateway::start_with(MockConfig::default(), &format!("admin_token = \"{TOKEN}\"")).await
-}
-
-fn now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64
-}
-
-/// An admin call with a JSON body (or none).
-async fn call(
-    gw: &Gateway,
-    method: reqwest::Method,
-    path: &str,
-    body: Option<Value>,
-) -> reqwest::Response {
-    let mut request = gw
-        .client
-        .request(method, format!("{}{path}", gw.url))
-        .bearer_auth(TOKEN);
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    request.send().await.unwrap()
-}
 
 async fn ok_json(response: reqwest::Response) -> Value {
     assert_eq!(response.status(), 200);

@@ -464,7 +464,10 @@ async fn rotation_and_expiry_are_key_changes(store: Arc<dyn Store>) {
         .await
         .unwrap();
     assert_eq!(created.expires_at, Some(4_000_000_000));
-    assert_eq!((&created.previous_hash, created.previous_expires_at), (&None, None));
+    assert_eq!(
+        (&created.previous_hash, created.previous_expires_at),
+        (&None, None)
+    );
     let seen = store.keys_changed_since(0).await.unwrap()[0].seq;
 
     let second = key_secret::generate_for_prefix(&first.prefix).unwrap();
@@ -514,18 +517,32 @@ async fn rotation_and_expiry_are_key_changes(store: Arc<dyn Store>) {
     assert_eq!(feed.len(), 1);
     let seen = feed[0].seq;
 
-    let cleared = store.set_expiry(&first.prefix, None).await.unwrap().unwrap();
+    let cleared = store
+        .set_expiry(&first.prefix, None)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(cleared.expires_at, None);
     let feed = store.keys_changed_since(seen).await.unwrap();
     assert_eq!(feed.len(), 1);
     assert_eq!(feed[0].record, cleared);
-    let set = store.set_expiry(&created.id.to_string(), Some(1)).await.unwrap().unwrap();
+    let set = store
+        .set_expiry(&created.id.to_string(), Some(1))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(set.expires_at, Some(1));
     assert!(store.keys_changed_since(feed[0].seq).await.unwrap().len() == 1);
     assert_eq!(store.key(&first.prefix).await.unwrap().unwrap(), set);
 
     for unknown in ["fg-nosuchkey", "999999"] {
-        assert!(store.rotate_key(unknown, &fourth.hash, None).await.unwrap().is_none());
+        assert!(
+            store
+                .rotate_key(unknown, &fourth.hash, None)
+                .await
+                .unwrap()
+                .is_none()
+        );
         assert!(store.set_expiry(unknown, None).await.unwrap().is_none());
     }
 }
@@ -1684,7 +1701,9 @@ impl Store for WatchedStore {
         hash: &[u8; 32],
         previous_until: Option<i64>,
     ) -> Result<Option<KeyRecord>, StoreError> {
-        self.inner.rotate_key(id_or_prefix, hash, previous_until).await
+        self.inner
+            .rotate_key(id_or_prefix, hash, previous_until)
+            .await
     }
     async fn set_expiry(
         &self,

@@ -105,12 +105,13 @@ pub fn expiry_arg(value: &str) -> Result<i64, String> {
             .and_then(|secs| now_unix().checked_add(secs)),
         None => parse_time(value),
     };
-    at.filter(|at| (0..=MAX_EXPIRES_AT).contains(at)).ok_or_else(|| {
-        format!(
-            "expected how long from now (90d, 12h), an RFC 3339 time (2027-01-01T00:00:00Z) \
+    at.filter(|at| (0..=MAX_EXPIRES_AT).contains(at))
+        .ok_or_else(|| {
+            format!(
+                "expected how long from now (90d, 12h), an RFC 3339 time (2027-01-01T00:00:00Z) \
              or a UTC day (2027-01-01), up to 9999-12-31, got '{value}'"
-        )
-    })
+            )
+        })
 }
 
 /// The value parser of `keys set --expires`: as [`expiry_arg`], or `never`.
@@ -345,7 +346,10 @@ fn expiry_text(at: i64, now: i64) -> String {
     let when = u64::try_from(at - now)
         .ok()
         .filter(|&secs| secs > 0)
-        .map_or_else(|| "passed".to_owned(), |secs| format!("in {}", rough_duration(secs)));
+        .map_or_else(
+            || "passed".to_owned(),
+            |secs| format!("in {}", rough_duration(secs)),
+        );
     format!("{} ({when})", format_time(at))
 }
 
@@ -657,7 +661,11 @@ mod tests {
         for bad in ["", "soon", "-1d", "1969-12-31", "2027-01-01T00:00:00"] {
             assert!(expiry_arg(bad).is_err(), "{bad}");
         }
-        assert!(expiry_setting("soon").unwrap_err().ends_with(", or 'never'"));
+        assert!(
+            expiry_setting("soon")
+                .unwrap_err()
+                .ends_with(", or 'never'")
+        );
         assert_eq!(grace_arg("0"), Ok(0));
         assert_eq!(grace_arg("90s"), Ok(90));
         assert_eq!(grace_arg("30d"), Ok(2_592_000));
@@ -665,7 +673,11 @@ mod tests {
             grace_arg("31d").unwrap_err(),
             "the grace period must be at most 30d (2592000 seconds), got 31d (2678400 seconds)"
         );
-        assert!(grace_arg("1w").unwrap_err().starts_with("expected a duration"));
+        assert!(
+            grace_arg("1w")
+                .unwrap_err()
+                .starts_with("expected a duration")
+        );
     }
 
     /// `keys rotate` prints the new secret alone on the last line and when the old one
@@ -695,11 +707,17 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("keeps working until "), "{out}");
-        assert!(out.contains("(a grace of 2h); then only the new one does."), "{out}");
+        assert!(
+            out.contains("(a grace of 2h); then only the new one does."),
+            "{out}"
+        );
         let out = key_usage(store, &defaults, prefix, false).await.unwrap();
         assert!(out.contains("  previous secret  works until "), "{out}");
         // Two hours from the rotation, or just under them by now.
-        assert!(out.contains(" (in 2h)") || out.contains(" (in 1h)"), "{out}");
+        assert!(
+            out.contains(" (in 2h)") || out.contains(" (in 1h)"),
+            "{out}"
+        );
 
         let json: serde_json::Value =
             serde_json::from_str(&rotate_key(store, &defaults, "1", 0, true).await.unwrap())
@@ -709,14 +727,20 @@ mod tests {
         assert_eq!(json["previous_secret_expires_at"], serde_json::Value::Null);
         assert_eq!(json["active"], true);
         let out = rotate_key(store, &defaults, "1", 0, false).await.unwrap();
-        assert!(out.contains("\nThe previous secret stopped working now.\n"), "{out}");
+        assert!(
+            out.contains("\nThe previous secret stopped working now.\n"),
+            "{out}"
+        );
 
         let no_change = LimitsChange::default();
         let out = set_limits(store, &defaults, prefix, &no_change, Some(Some(1)))
             .await
             .unwrap();
         assert!(out.contains("(id 1, name \"carol\"), expired:"), "{out}");
-        assert!(out.contains("  expires          1970-01-01T00:00:01Z (passed)"), "{out}");
+        assert!(
+            out.contains("  expires          1970-01-01T00:00:01Z (passed)"),
+            "{out}"
+        );
         let list = list_keys(store, &defaults, false).await.unwrap();
         assert!(list.contains(" expired  carol"), "{list}");
         let out = set_limits(store, &defaults, prefix, &no_change, Some(None))
@@ -775,7 +799,9 @@ mod tests {
             requests_per_minute: Some(None),
             ..LimitsChange::default()
         };
-        let out = set_limits(store, &defaults, prefix, &update, None).await.unwrap();
+        let out = set_limits(store, &defaults, prefix, &update, None)
+            .await
+            .unwrap();
         assert!(out.contains("  monthly budget   500 tokens (own)"), "{out}");
         assert!(out.contains("  requests/minute  600 (default)"), "{out}");
         assert!(out.contains("  share            3 (own)"), "{out}");

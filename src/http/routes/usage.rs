@@ -66,9 +66,7 @@ pub async fn own_usage(
 ) -> Result<axum::Json<KeyUsage>, ApiError> {
     let key = &caller.0;
     let limits = KeyLimits::resolve(&state.config().limits, &key.limits);
-    key_usage(&state, key, &limits)
-        .await
-        .map(axum::Json)
+    key_usage(&state, key, &limits).await.map(axum::Json)
 }
 
 /// The live view of one key.
