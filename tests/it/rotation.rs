@@ -139,7 +139,16 @@ async fn no_grace_a_second_rotation_and_the_default_grace() {
     let first = gw.key.clone();
     let prefix = &first[..12];
 
-    let second = rotate(&gw, prefix, None).await;
+    // No body at all (`Content-Length: 0`, even with a JSON content type): the default.
+    let response = gw
+        .client
+        .post(format!("{}/admin/keys/{prefix}/rotate", gw.url))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap();
+    let second = ok_json(response).await;
     let asked = now();
     let grace_end = second["previous_secret_expires_at"].as_i64().unwrap();
     assert!(
@@ -174,22 +183,34 @@ async fn a_bad_rotation_is_refused_and_changes_nothing() {
     let gw = admin().await;
     let prefix = gw.key[..12].to_owned();
     let path = format!("/admin/keys/{prefix}/rotate");
-    for (body, param) in [
-        (json!({"grace_seconds": 2_592_001}), Some("grace_seconds")),
-        (json!({"grace_seconds": -1}), None),
-        (json!({"grace_seconds": "1h"}), None),
-        (json!({"grace": 5}), None),
+    for (body, said) in [
+        (
+            json!({"grace_seconds": 2_592_001}),
+            "the grace period must be at most 30d (2592000 seconds), got 2592001s (2592001 seconds)",
+        ),
+        (
+            json!({"grace_seconds": -1}),
+            "grace_seconds must be a whole number of seconds from 0 to 2592000 (got -1)",
+        ),
+        (
+            json!({"grace_seconds": 1.5}),
+            "grace_seconds must be a whole number of seconds from 0 to 2592000 (got 1.5)",
+        ),
+        (
+            json!({"grace_seconds": "1h"}),
+            "grace_seconds must be a whole number of seconds from 0 to 2592000 (got \"1h\")",
+        ),
     ] {
         let response = call(&gw, reqwest::Method::POST, &path, Some(body.clone())).await;
         let refusal = expect_error(response, 400, "invalid_request").await;
-        if let Some(param) = param {
-            assert_eq!(refusal["error"]["param"], param, "{body}: {refusal}");
-            assert_eq!(
-                message(&refusal),
-                "the grace period must be at most 30d (2592000 seconds), got 2592001s (2592001 seconds)"
-            );
-        }
+        assert_eq!(
+            refusal["error"]["param"], "grace_seconds",
+            "{body}: {refusal}"
+        );
+        assert_eq!(message(&refusal), said);
     }
+    let response = call(&gw, reqwest::Method::POST, &path, Some(json!({"grace": 5}))).await;
+    expect_error(response, 400, "invalid_request").await;
     let response = gw
         .client
         .post(format!("{}{path}", gw.url))
@@ -200,6 +221,16 @@ async fn a_bad_rotation_is_refused_and_changes_nothing() {
         .unwrap();
     let refusal = expect_error(response, 400, "invalid_request").await;
     assert!(message(&refusal).contains("Content-Type"), "{refusal}");
+    let response = gw
+        .client
+        .post(format!("{}{path}", gw.url))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .body("{")
+        .send()
+        .await
+        .unwrap();
+    expect_error(response, 400, "invalid_request").await;
     // None of these rotated: the key's only secret still works, with no grace.
     let usage = usage_or_refusal(&gw, &gw.key).await.unwrap();
     assert_eq!(usage["previous_secret_expires_at"], Value::Null);

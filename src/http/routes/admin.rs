@@ -19,7 +19,9 @@ use crate::http::auth::{bearer_token, is_admin_token};
 use crate::http::body::JsonBody;
 use crate::http::routes::usage::{KeyUsage, key_usage};
 use crate::key_limits::LimitInput;
-use crate::keys::{DEFAULT_GRACE_SECS, KeyError, KeyService, LimitsChange, NewLimits};
+use crate::keys::{
+    DEFAULT_GRACE_SECS, KeyError, KeyService, LimitsChange, MAX_GRACE_SECS, NewLimits,
+};
 use crate::reload::Reloaded;
 use crate::request_record::RequestRecord;
 use crate::state::AppState;
@@ -144,8 +146,32 @@ pub struct RotateRequest {
     /// How long the secret being replaced keeps working, in seconds (default 86400, a
     /// day; at most 2592000, 30 days); 0 stops it at once. A rotation during another's
     /// grace keeps only the secret it replaces: the one before stops at once.
-    #[schema(minimum = 0, maximum = 2592000)]
-    grace_seconds: Option<u64>,
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 2592000)]
+    grace_seconds: Option<JsonLimit>,
+}
+
+impl RotateRequest {
+    /// The grace asked for (the default when none is), or the refusal of a value that is
+    /// no whole number of seconds, naming the field. The bound is the key service's to
+    /// check.
+    fn grace_secs(&self) -> Result<u64, ApiError> {
+        let Some(JsonLimit(input)) = &self.grace_seconds else {
+            return Ok(DEFAULT_GRACE_SECS);
+        };
+        let text = match input {
+            LimitInput::Whole(n) => match u64::try_from(*n) {
+                Ok(secs) => return Ok(secs),
+                Err(_) => n.to_string(),
+            },
+            LimitInput::Other(text) => text.chars().take(64).collect(),
+        };
+        Err(ApiError::invalid_param(
+            "grace_seconds",
+            format!(
+                "grace_seconds must be a whole number of seconds from 0 to {MAX_GRACE_SECS} (got {text})"
+            ),
+        ))
+    }
 }
 
 /// A change of limits and expiry: a field left out stays as it is, `null` returns a
@@ -396,7 +422,7 @@ pub async fn rotate_key(
     Path(key): Path<String>,
     request: Request,
 ) -> Result<Json<CreatedKey>, ApiError> {
-    let rotate = if has_body(request.headers()) {
+    let rotate = if has_body(request.body()) {
         // `null` is the document's other choice (no body at all).
         JsonBody::<Option<RotateRequest>>::from_request(request, &state)
             .await?
@@ -405,7 +431,7 @@ pub async fn rotate_key(
     } else {
         RotateRequest::default()
     };
-    let grace = rotate.grace_seconds.unwrap_or(DEFAULT_GRACE_SECS);
+    let grace = rotate.grace_secs()?;
     let keys = key_service(&state);
     let issued = keys.rotate(&key, grace).await.map_err(api_error)?;
     apply_now(&state).await;
@@ -415,15 +441,13 @@ pub async fn rotate_key(
     }))
 }
 
-/// Whether a request carries a body to read: a content type, a length above zero, or a
-/// chunked body. (Without one, a rotation takes the default grace.)
-fn has_body(headers: &http::HeaderMap) -> bool {
-    let length = headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok());
-    headers.contains_key(http::header::CONTENT_TYPE)
-        || headers.contains_key(http::header::TRANSFER_ENCODING)
-        || length.is_some_and(|length| length.trim() != "0")
+/// Whether a request carries a body to read, as the connection knows it: none for
+/// `Content-Length: 0`, for an HTTP/1.1 request with neither a length nor a chunked
+/// body, or for an HTTP/2 stream that ended with its headers, whatever the content type
+/// says. (Without a body, a rotation takes the default grace.)
+fn has_body(body: &axum::body::Body) -> bool {
+    use axum::body::HttpBody as _;
+    !body.is_end_stream() && body.size_hint().exact() != Some(0)
 }
 
 #[utoipa::path(patch, path = "/admin/keys/{key}/limits", tag = "admin", request_body = LimitsPatch,
