@@ -525,7 +525,7 @@ mod tests {
     /// the secret that rotation replaced; a grace of 0 keeps none.
     #[tokio::test]
     async fn rotate_keeps_the_key_and_the_old_secret_for_the_grace() {
-        use crate::keys::{Refusal, check};
+        use crate::keys::check::{Refusal, check};
 
         let store = crate::store::connect("sqlite::memory:").await.unwrap();
         let defaults = defaults();
@@ -614,7 +614,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_expiry_is_set_checked_and_cleared() {
-        use crate::keys::{Refusal, check};
+        use crate::keys::check::{Refusal, check};
 
         let store = crate::store::connect("sqlite::memory:").await.unwrap();
         let defaults = defaults();
