@@ -46,6 +46,10 @@ pub enum ApiError {
     FullVocabPromptTooLong { tokens: u64, limit: u64 },
     #[error("{0}")]
     Unauthorized(&'static str),
+    /// A key refused with a message that carries a time (it expired, or its previous
+    /// secret's grace ended): 401 `invalid_api_key`, as any refused key.
+    #[error("{0}")]
+    KeyRefused(String),
     #[error("No route for {method} {path}.")]
     NotFound { method: String, path: String },
     #[error("No key with id or prefix '{0}'.")]
@@ -283,7 +287,7 @@ impl ApiError {
             | Self::ChatCompletionsUnsupported
             | Self::FullVocabPromptTooLong { .. }
             | Self::DeadlineInfeasible { .. } => StatusCode::BAD_REQUEST,
-            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::Unauthorized(_) | Self::KeyRefused(_) => StatusCode::UNAUTHORIZED,
             Self::NotFound { .. }
             | Self::KeyNotFound(_)
             | Self::JobNotFound(_)
@@ -318,7 +322,7 @@ impl ApiError {
             Self::ModelNotFound(_) => "model_not_found",
             Self::ChatCompletionsUnsupported => "chat_completions_unsupported",
             Self::FullVocabPromptTooLong { .. } => "full_vocab_prompt_too_long",
-            Self::Unauthorized(_) => "invalid_api_key",
+            Self::Unauthorized(_) | Self::KeyRefused(_) => "invalid_api_key",
             Self::NotFound { .. } => "not_found",
             Self::KeyNotFound(_) => "key_not_found",
             Self::WorkbenchNotFound { .. } => "not_found",

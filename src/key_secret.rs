@@ -78,6 +78,25 @@ pub fn generate() -> NewKey {
     }
 }
 
+/// A new secret for a key being rotated: its prefix is kept (so the key keeps the name
+/// its logs, jobs and commands know it by) and the rest is fresh from the CSPRNG. The
+/// prefix is shown openly anyway, so what makes the secret secret is the rest: 34
+/// fresh characters, 202 random bits, as in any key [`generate`] makes. `None` when
+/// `prefix` is not shaped like one of ours.
+pub fn generate_for_prefix(prefix: &str) -> Option<NewKey> {
+    let fresh = generate();
+    let rest = fresh.secret.expose().get(PREFIX_LEN..)?;
+    let secret = format!("{prefix}{rest}");
+    // Base64url characters each stand for 6 bits of their own, so any prefix of the
+    // alphabet's characters keeps the encoding canonical; the parse checks that it is.
+    let (_, hash) = parse_bearer(&secret)?;
+    Some(NewKey {
+        secret: Secret(secret),
+        prefix: prefix.to_owned(),
+        hash,
+    })
+}
+
 /// SHA-256 of the secret.
 ///
 /// A fast, unsalted hash is the right tool here, unlike for passwords: the secret
@@ -211,6 +230,23 @@ mod tests {
             assert!(parse_bearer(case).is_none(), "accepted {case:?}");
         }
         assert!(parse_bearer(&format!("fg-{}A", "A".repeat(42))).is_some());
+    }
+
+    #[test]
+    fn a_rotated_secret_keeps_the_prefix_and_nothing_else() {
+        let first = generate();
+        let second = generate_for_prefix(&first.prefix).unwrap();
+        assert_eq!(second.prefix, first.prefix);
+        assert!(second.secret.expose().starts_with(&first.prefix));
+        assert_ne!(second.secret, first.secret);
+        assert_eq!(
+            parse_bearer(second.secret.expose()),
+            Some((first.prefix.as_str(), second.hash))
+        );
+        assert!(!verify(&first.hash, &second.hash));
+        for bad in ["", "fg-", "fg-AAAAAAAAAA", "sk-AAAAAAAAA", "fg-AAAA+AAAA"] {
+            assert!(generate_for_prefix(bad).is_none(), "{bad:?}");
+        }
     }
 
     #[test]

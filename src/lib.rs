@@ -26,6 +26,7 @@ pub mod server;
 pub mod state;
 pub mod store;
 mod throttled;
+pub mod times;
 pub mod traces;
 pub mod upstream;
 pub mod wire;

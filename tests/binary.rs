@@ -164,6 +164,59 @@ async fn keys_cli_and_serve_work_together() {
     assert_eq!(complete(&url, bob, body).await.status(), 200);
 }
 
+/// `keys rotate` against a running server (SQLite, the CLI in another process): the new
+/// secret works within a second, the old one until its grace ends; `keys set --expires`
+/// refuses the key with a message saying when it expired, and `never` lifts it.
+#[tokio::test]
+async fn keys_rotate_and_expire_reach_a_running_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_mock, upstream) = start_mock(0);
+    let config = write_config(dir.path(), &upstream);
+    let old = create_key_with(&config, "rotating", &["--expires", "30d"]);
+    let prefix = &old[..12];
+    let (_server, url) = serve(&config, "fleetgate");
+    let body = serde_json::json!({"model": "llama-8b", "prompt": "Hi", "max_tokens": 2});
+    assert_eq!(complete(&url, &old, body.clone()).await.status(), 200);
+
+    let rotated = fleetgate(&config, &["keys", "rotate", prefix, "--grace", "2s"]);
+    let stdout = String::from_utf8(rotated.stdout).unwrap();
+    let new = stdout.trim_end().lines().last().unwrap().to_owned();
+    assert!(new.starts_with(prefix) && new != old, "{stdout}");
+    assert!(
+        stdout.contains("(a grace of 2s); then only the new one does."),
+        "{stdout}"
+    );
+    within_a_second(&url, &new, &body, 200).await;
+    let graced = std::time::Instant::now();
+    assert_eq!(complete(&url, &old, body.clone()).await.status(), 200);
+    // The grace ends on a whole second: within 3 s of the rotation.
+    loop {
+        let status = complete(&url, &old, body.clone()).await.status();
+        if status == 401 {
+            break;
+        }
+        assert!(
+            graced.elapsed() < Duration::from_secs(4),
+            "the old secret still answers {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(complete(&url, &new, body.clone()).await.status(), 200);
+
+    fleetgate(&config, &["keys", "set", prefix, "--expires", "2020-01-01"]);
+    let expired = within_a_second(&url, &new, &body, 401).await;
+    let error: serde_json::Value = expired.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "invalid_api_key");
+    assert_eq!(
+        error["error"]["message"],
+        "This API key expired at 2020-01-01T00:00:00Z. Ask its administrator for a new expiry or a new key."
+    );
+    let listed = String::from_utf8(fleetgate(&config, &["keys", "list"]).stdout).unwrap();
+    assert!(listed.contains(" expired  rotating"), "{listed}");
+    fleetgate(&config, &["keys", "set", prefix, "--expires", "never"]);
+    within_a_second(&url, &new, &body, 200).await;
+}
+
 /// `--share` sets a key's share on `keys create` and `keys set` (`default`: back to the
 /// configured 1), and `keys list` and `keys usage` show it.
 #[test]

@@ -46,6 +46,8 @@ use serde_json::{Value, json};
 use tokio::time::timeout;
 
 const REDIS_URL_VAR: &str = "TEST_REDIS_URL";
+/// The admin token of every replica's config.
+const ADMIN_TOKEN: &str = "replicas-admin-token-0123456789abcdef";
 const MODEL: &str = "llama-8b";
 
 /// Upper bound for anything that should happen promptly.
@@ -93,6 +95,7 @@ fn write_config(
     let path = dir.join("fleetgate.toml");
     let mut config = format!(
         "listen = \"127.0.0.1:0\"\n\
+         admin_token = \"{ADMIN_TOKEN}\"\n\
          database_url = \"{database_url}\"\n\
          redis_url = \"{redis_url}\"\n\
          redis_key_prefix = \"{prefix}\"\n\n\
@@ -481,6 +484,105 @@ async fn key_changes_reach_both_replicas_within_a_second() {
                 tokio::time::sleep(POLL).await;
             }
         }
+    }
+}
+
+/// A key rotated through replica A's admin API with a grace of 3 s: within 1 s both
+/// replicas have the rotation (through the change feed: the new secret works on B, and
+/// B's `/v1/usage` names the grace's end); the old secret keeps working on both until
+/// the grace ends, and from then on only the new one does, on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs PostgreSQL and Redis (set TEST_POSTGRES_URL, TEST_REDIS_URL)"]
+async fn a_rotated_keys_old_and_new_secrets_both_work_until_the_grace_ends_on_both_replicas() {
+    let cluster = Cluster::start("rotation", 0, &[]).await;
+    let old = &cluster.api;
+    let body = json!({"model": MODEL, "prompt": "Hi", "max_tokens": 2});
+    for url in &cluster.urls {
+        assert_eq!(old.complete_within(ANSWER, url, &body).await.status(), 200);
+    }
+
+    let rotate = old
+        .client
+        .post(format!(
+            "{}/admin/keys/{}/rotate",
+            cluster.urls[0],
+            &old.key[..12]
+        ))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"grace_seconds": 3}))
+        .send();
+    let rotated = bounded(SOON, "the rotation answers", rotate).await.unwrap();
+    let rotated_at = Instant::now();
+    assert_eq!(rotated.status(), 200);
+    let rotated: Value = rotated.json().await.unwrap();
+    let grace_end = rotated["previous_secret_expires_at"].as_i64().unwrap();
+    let new = Api::new(rotated["secret"].as_str().unwrap().to_owned());
+    assert_eq!(&new.key[..12], &old.key[..12], "the same key");
+
+    // Both replicas have the rotation within 1 s.
+    for url in &cluster.urls {
+        loop {
+            let answer = new.complete_within(ANSWER, url, &body).await.status();
+            let usage = old.usage(url).await;
+            if answer == 200 && usage["previous_secret_expires_at"] == grace_end {
+                break;
+            }
+            assert!(
+                rotated_at.elapsed() < Duration::from_secs(1),
+                "{url}: the new secret answers {answer}, the grace is {} after 1 s",
+                usage["previous_secret_expires_at"]
+            );
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    // Until the grace ends both secrets work on both replicas; from then on only the
+    // new one. Each answer is checked against the second it was given in.
+    let mut refused_on = [false; 2];
+    while refused_on != [true; 2] {
+        for (i, url) in cluster.urls.iter().enumerate() {
+            let before = fleetgate::store::now_unix();
+            let answer = old.complete_within(ANSWER, url, &body).await;
+            let after = fleetgate::store::now_unix();
+            match answer.status().as_u16() {
+                200 => {
+                    assert!(
+                        before < grace_end,
+                        "{url}: the old secret works after the grace"
+                    );
+                    answer.bytes().await.unwrap();
+                }
+                401 => {
+                    assert!(
+                        after >= grace_end,
+                        "{url}: the old secret refused in its grace"
+                    );
+                    let refusal: Value = answer.json().await.unwrap();
+                    assert!(
+                        refusal["error"]["message"]
+                            .as_str()
+                            .unwrap()
+                            .starts_with("This secret was replaced by a new one"),
+                        "{refusal}"
+                    );
+                    refused_on[i] = true;
+                }
+                other => panic!("{url}: the old secret answers {other}"),
+            }
+            let answer = new.complete_within(ANSWER, url, &body).await.status();
+            assert_eq!(answer, 200, "{url}: the new secret");
+        }
+        assert!(
+            rotated_at.elapsed() < Duration::from_secs(6),
+            "the old secret still works after the grace: refused on {refused_on:?}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+    for url in &cluster.urls {
+        assert_eq!(
+            new.usage(url).await["previous_secret_expires_at"],
+            Value::Null
+        );
     }
 }
 

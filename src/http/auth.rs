@@ -1,5 +1,7 @@
 //! Bearer-key authentication for the `/v1` routes. The key is looked up by its visible
-//! prefix in the in-memory key table and its hash compared in constant time; the table
+//! prefix in the in-memory key table and its hashes (the current secret's, and during a
+//! rotation's grace the previous one's) compared in constant time
+//! ([`crate::keys::check`], which also refuses a revoked or expired key); the table
 //! follows the store's change feed, so a revocation takes effect at once on the process
 //! that made it and within [`crate::keys::FOLLOW_EVERY`] on every other one.
 
@@ -14,9 +16,10 @@ use tracing::Instrument;
 
 use crate::error::ApiError;
 use crate::key_secret;
+use crate::keys::{self, Refusal};
 use crate::request_record::RequestRecord;
 use crate::state::AppState;
-use crate::store::KeyRecord;
+use crate::store::{KeyRecord, now_unix};
 
 /// The authenticated caller, available to handlers as an extension: its key's record
 /// (id, prefix, e-mail, its own limits over the configured defaults) as the key table
@@ -78,7 +81,7 @@ pub fn shows_credential(state: &AppState, headers: &http::HeaderMap) -> bool {
         state
             .keys()
             .get(prefix)
-            .is_some_and(|key| key.is_active() && key_secret::verify(&key.hash, &hash))
+            .is_some_and(|key| keys::check(&key, &hash, now_unix()).is_ok())
     })
 }
 
@@ -91,22 +94,15 @@ async fn authenticate(state: &AppState, headers: &http::HeaderMap) -> Result<Cal
     let secret = bearer_token(headers).ok_or(ApiError::Unauthorized(
         "The Authorization header must be 'Bearer <your key>'.",
     ))?;
-    let invalid = ApiError::Unauthorized("Invalid API key.");
     let Some((prefix, hash)) = key_secret::parse_bearer(secret) else {
-        return Err(invalid);
+        return Err(ApiError::from(Refusal::Unknown));
     };
     let record = state
         .keys()
         .find(prefix)
         .await
-        .map_err(|_| ApiError::StoreUnavailable)?;
-    match record {
-        Some(record) if key_secret::verify(&record.hash, &hash) => {
-            if !record.is_active() {
-                return Err(ApiError::Unauthorized("This API key has been revoked."));
-            }
-            Ok(Caller(record))
-        }
-        _ => Err(invalid),
-    }
+        .map_err(|_| ApiError::StoreUnavailable)?
+        .ok_or(ApiError::from(Refusal::Unknown))?;
+    keys::check(&record, &hash, now_unix()).map_err(ApiError::from)?;
+    Ok(Caller(record))
 }

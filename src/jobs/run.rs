@@ -36,6 +36,7 @@ use crate::completion::relay::RelayedBody;
 use crate::completion::settle::JobRun;
 use crate::contract::Workload;
 use crate::error::ApiError;
+use crate::keys::Refusal;
 use crate::request_record::RequestRecord;
 use crate::state::AppState;
 use crate::store::{self, JobRow, JobStatus, KeyRecord, UsageRow, now_unix, now_unix_ms};
@@ -177,8 +178,9 @@ async fn answer(state: &AppState, job: &JobRow, job_run: &JobRun, request_id: &s
             job.id
         )));
     };
-    let Some(key) = owner(state, job.key_id).await else {
-        return failed(ApiError::Unauthorized("This API key has been revoked."));
+    let key = match owner(state, job.key_id).await {
+        Ok(key) => key,
+        Err(refusal) => return failed(refusal.into()),
     };
     let record = RequestRecord::open(
         state,
@@ -320,15 +322,23 @@ fn abandoned(runs: i64) -> Answered {
     })
 }
 
-/// The key that submitted the job, if it is still active.
-async fn owner(state: &AppState, key_id: i64) -> Option<Arc<KeyRecord>> {
+/// The key that submitted the job, if it may still be used: neither revoked (nor
+/// gone) nor expired.
+async fn owner(state: &AppState, key_id: i64) -> Result<Arc<KeyRecord>, Refusal> {
     let mut key = state.keys().by_id(key_id);
     if key.is_none() {
         // Created on another replica a moment ago: the change feed has it.
         let _ = state.keys().pull().await;
         key = state.keys().by_id(key_id);
     }
-    key.filter(|key| key.is_active())
+    match key {
+        Some(key) if !key.is_active() => Err(Refusal::Revoked),
+        Some(key) if key.is_expired(now_unix()) => Err(Refusal::Expired {
+            at: key.expires_at.unwrap_or_default(),
+        }),
+        Some(key) => Ok(key),
+        None => Err(Refusal::Revoked),
+    }
 }
 
 /// Writes how the run ended (fenced by its attempt) and wakes the long-polls. The end

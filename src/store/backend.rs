@@ -13,7 +13,7 @@ use crate::key_secret::NewKey;
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Stores a new key (its prefix and hash, never the secret) with its initial limit
-    /// overrides. A key whose prefix is already taken is refused with
+    /// overrides and no expiry. A key whose prefix is already taken is refused with
     /// [`StoreError::Duplicate`]; the caller may generate another. Out-of-range limits:
     /// [`StoreError::Invalid`].
     async fn create_key(
@@ -22,7 +22,41 @@ pub trait Store: Send + Sync + 'static {
         email: Option<&str>,
         key: &NewKey,
         limits: &LimitOverrides,
+    ) -> Result<KeyRecord, StoreError> {
+        self.create_expiring_key(name, email, key, limits, None)
+            .await
+    }
+
+    /// As [`Store::create_key`], with the Unix second from which the key is refused
+    /// (`None`: never).
+    async fn create_expiring_key(
+        &self,
+        name: &str,
+        email: Option<&str>,
+        key: &NewKey,
+        limits: &LimitOverrides,
+        expires_at: Option<i64>,
     ) -> Result<KeyRecord, StoreError>;
+
+    /// Gives a key a new secret hash (same id, prefix, limits and everything else) in one
+    /// statement and returns the updated record; None if no such key. The hash it
+    /// replaces becomes the previous one, accepted until `previous_until` (Unix
+    /// seconds); `None`: not at all (the previous hash is cleared). A previous hash
+    /// kept from an earlier rotation is replaced either way.
+    async fn rotate_key(
+        &self,
+        id_or_prefix: &str,
+        hash: &[u8; 32],
+        previous_until: Option<i64>,
+    ) -> Result<Option<KeyRecord>, StoreError>;
+
+    /// Sets (`Some`) or clears (`None`) the Unix second from which a key is refused, and
+    /// returns the updated record; None if no such key.
+    async fn set_expiry(
+        &self,
+        id_or_prefix: &str,
+        expires_at: Option<i64>,
+    ) -> Result<Option<KeyRecord>, StoreError>;
 
     /// `id_or_prefix`: a decimal id, or a key prefix. The key, revoked or not; None if no
     /// such key.

@@ -249,6 +249,9 @@ where
                 max_queued: limit("max_queued")?,
                 share: limit("share")?,
             },
+            expires_at: row.try_get("expires_at")?,
+            previous_hash: row.try_get("previous_key_hash")?,
+            previous_expires_at: row.try_get("previous_expires_at")?,
         })
     }
 }

@@ -20,7 +20,8 @@ use std::sync::Arc;
 macro_rules! key_columns {
     () => {
         "id, name, email, prefix, key_hash, created_at, revoked_at, \
-         monthly_budget_tokens, requests_per_minute, max_concurrent, max_queued, share"
+         monthly_budget_tokens, requests_per_minute, max_concurrent, max_queued, share, \
+         expires_at, previous_key_hash, previous_expires_at"
     };
 }
 

@@ -20,6 +20,13 @@ pub struct KeyRecord {
     /// The key's own limits; resolve them against the configured defaults with
     /// [`crate::admission::KeyLimits::resolve`].
     pub limits: LimitOverrides,
+    /// Unix seconds from which the key is refused; `None`: never.
+    pub expires_at: Option<i64>,
+    /// SHA-256 of the secret the last rotation replaced (column `previous_key_hash`),
+    /// accepted until `previous_expires_at`; `None` when there is none.
+    pub previous_hash: Option<Vec<u8>>,
+    /// Unix seconds from which the previous secret is refused.
+    pub previous_expires_at: Option<i64>,
 }
 
 /// A key as the change feed gives it: its record and the number of its latest change.
@@ -115,9 +122,26 @@ pub struct RequestLogRow {
 }
 
 impl KeyRecord {
-    /// Whether requests may still use this key.
+    /// Whether the key is not revoked (it may have expired: see [`KeyRecord::is_usable`]).
     pub fn is_active(&self) -> bool {
         self.revoked_at.is_none()
+    }
+
+    /// Whether the key has expired at `now` (Unix seconds).
+    pub fn is_expired(&self, now: i64) -> bool {
+        self.expires_at.is_some_and(|at| at <= now)
+    }
+
+    /// Whether requests may use this key at `now` (Unix seconds): neither revoked nor
+    /// expired.
+    pub fn is_usable(&self, now: i64) -> bool {
+        self.is_active() && !self.is_expired(now)
+    }
+
+    /// When the previous secret stops working, if one still works at `now`.
+    pub fn previous_secret_expires_at(&self, now: i64) -> Option<i64> {
+        self.previous_expires_at
+            .filter(|&at| at > now && self.previous_hash.is_some())
     }
 }
 

@@ -39,12 +39,13 @@ macro_rules! impl_store {
                 self
             }
 
-            async fn create_key(
+            async fn create_expiring_key(
                 &self,
                 name: &str,
                 email: Option<&str>,
                 key: &NewKey,
                 limits: &LimitOverrides,
+                expires_at: Option<i64>,
             ) -> Result<KeyRecord, StoreError> {
                 let limits = LimitColumns::encode(limits)?;
                 let name = text_column("name", name)?;
@@ -52,7 +53,8 @@ macro_rules! impl_store {
                 sqlx::query_as(concat!(
                     "INSERT INTO api_keys (name, email, prefix, key_hash, created_at, ",
                     "monthly_budget_tokens, requests_per_minute, max_concurrent, max_queued, ",
-                    "share) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING ",
+                    "share, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ",
+                    "RETURNING ",
                     key_columns!()
                 ))
                 .bind(name)
@@ -65,6 +67,7 @@ macro_rules! impl_store {
                 .bind(limits.max_concurrent)
                 .bind(limits.max_queued)
                 .bind(limits.share)
+                .bind(expires_at)
                 .fetch_one(&self.pool)
                 .await
                 .map_err(|e| insert_error(e, &key.prefix))
@@ -172,6 +175,53 @@ macro_rules! impl_store {
                 .bind(update.max_queued.1)
                 .bind(update.share.0)
                 .bind(update.share.1)
+                .bind(id)
+                .bind(prefix)
+                .fetch_optional(&self.pool)
+                .await?)
+            }
+
+            async fn rotate_key(
+                &self,
+                id_or_prefix: &str,
+                hash: &[u8; 32],
+                previous_until: Option<i64>,
+            ) -> Result<Option<KeyRecord>, StoreError> {
+                let Some((id, prefix)) = KeySelector::parse(id_or_prefix).binds() else {
+                    return Ok(None);
+                };
+                // Every right-hand side reads the row as it was: `previous_key_hash`
+                // takes the hash being replaced.
+                Ok(sqlx::query_as(concat!(
+                    "UPDATE api_keys SET ",
+                    "previous_key_hash = CASE WHEN CAST($1 AS BIGINT) IS NULL ",
+                    "THEN NULL ELSE key_hash END, ",
+                    "previous_expires_at = CAST($1 AS BIGINT), key_hash = $2 ",
+                    "WHERE id = $3 OR prefix = $4 RETURNING ",
+                    key_columns!()
+                ))
+                .bind(previous_until)
+                .bind(hash.as_slice())
+                .bind(id)
+                .bind(prefix)
+                .fetch_optional(&self.pool)
+                .await?)
+            }
+
+            async fn set_expiry(
+                &self,
+                id_or_prefix: &str,
+                expires_at: Option<i64>,
+            ) -> Result<Option<KeyRecord>, StoreError> {
+                let Some((id, prefix)) = KeySelector::parse(id_or_prefix).binds() else {
+                    return Ok(None);
+                };
+                Ok(sqlx::query_as(concat!(
+                    "UPDATE api_keys SET expires_at = CAST($1 AS BIGINT) ",
+                    "WHERE id = $2 OR prefix = $3 RETURNING ",
+                    key_columns!()
+                ))
+                .bind(expires_at)
                 .bind(id)
                 .bind(prefix)
                 .fetch_optional(&self.pool)

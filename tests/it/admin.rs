@@ -4,13 +4,15 @@ use crate::common::{Gateway, MODEL, expect_error};
 use mock_vllm::MockConfig;
 use serde_json::{Value, json};
 
-const TOKEN: &str = "admin-token-for-tests-0123456789";
+pub(crate) const TOKEN: &str = "admin-token-for-tests-0123456789";
 
-async fn admin() -> Gateway {
+/// A gateway with the admin API on (also for the rotation suite).
+pub(crate) async fn admin() -> Gateway {
     Gateway::start_with(MockConfig::default(), &format!("admin_token = \"{TOKEN}\"")).await
 }
 
-async fn call(
+/// An admin call with the admin token and a JSON body (or none).
+pub(crate) async fn call(
     gw: &Gateway,
     method: reqwest::Method,
     path: &str,
@@ -378,6 +380,11 @@ async fn unknown_keys_are_404_on_every_route() {
             (
                 reqwest::Method::POST,
                 format!("/admin/keys/{target}/revoke"),
+                None,
+            ),
+            (
+                reqwest::Method::POST,
+                format!("/admin/keys/{target}/rotate"),
                 None,
             ),
             (

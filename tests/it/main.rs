@@ -48,6 +48,7 @@ mod metrics;
 mod openapi;
 mod prefix;
 mod reload;
+mod rotation;
 mod router;
 mod store_tls;
 mod workbench;

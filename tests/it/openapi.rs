@@ -176,5 +176,5 @@ fn a_created_key_links_to_every_operation_on_it() {
             linked += 1;
         }
     }
-    assert_eq!(linked, 4, "the four operations on one key");
+    assert_eq!(linked, 5, "the five operations on one key");
 }

@@ -119,6 +119,7 @@ backend_tests! {
         duplicate_prefix_is_refused,
         ping,
         key_feed_numbers_every_change_in_order,
+        rotation_and_expiry_are_key_changes,
         create_with_limits,
         set_and_clear_limits,
         invalid_limits_are_refused,
@@ -451,6 +452,99 @@ async fn key_feed_numbers_every_change_in_order(store: Arc<dyn Store>) {
         records(&store.keys_changed_since(0).await.unwrap()),
         [limited, shared]
     );
+}
+
+/// A rotation keeps everything of the key but its hash, which becomes the previous one
+/// (with its end) or is dropped (no grace); an expiry is set and cleared; each is a key
+/// change the feed carries, so that every server's key table sees it.
+async fn rotation_and_expiry_are_key_changes(store: Arc<dyn Store>) {
+    let first = key_secret::generate();
+    let created = store
+        .create_expiring_key("r", Some("r@x"), &first, DEFAULTS, Some(4_000_000_000))
+        .await
+        .unwrap();
+    assert_eq!(created.expires_at, Some(4_000_000_000));
+    assert_eq!(
+        (&created.previous_hash, created.previous_expires_at),
+        (&None, None)
+    );
+    let seen = store.keys_changed_since(0).await.unwrap()[0].seq;
+
+    let second = key_secret::generate_for_prefix(&first.prefix).unwrap();
+    let until = now() + 60;
+    let rotated = store
+        .rotate_key(&first.prefix, &second.hash, Some(until))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        rotated,
+        KeyRecord {
+            hash: second.hash.to_vec(),
+            previous_hash: Some(first.hash.to_vec()),
+            previous_expires_at: Some(until),
+            ..created.clone()
+        }
+    );
+    let feed = store.keys_changed_since(seen).await.unwrap();
+    assert_eq!(feed.len(), 1);
+    assert_eq!(feed[0].record, rotated);
+    let seen = feed[0].seq;
+
+    // Again, by id: the secret just replaced is the previous one now; the first is gone.
+    let third = key_secret::generate_for_prefix(&first.prefix).unwrap();
+    let again = store
+        .rotate_key(&created.id.to_string(), &third.hash, Some(until + 1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(again.hash, third.hash.to_vec());
+    assert_eq!(again.previous_hash, Some(second.hash.to_vec()));
+    assert_eq!(again.previous_expires_at, Some(until + 1));
+    // No grace: no previous secret at all.
+    let fourth = key_secret::generate_for_prefix(&first.prefix).unwrap();
+    let now_only = store
+        .rotate_key(&first.prefix, &fourth.hash, None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (now_only.previous_hash, now_only.previous_expires_at),
+        (None, None)
+    );
+    assert_eq!(now_only.hash, fourth.hash.to_vec());
+    let feed = store.keys_changed_since(seen).await.unwrap();
+    assert_eq!(feed.len(), 1);
+    let seen = feed[0].seq;
+
+    let cleared = store
+        .set_expiry(&first.prefix, None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(cleared.expires_at, None);
+    let feed = store.keys_changed_since(seen).await.unwrap();
+    assert_eq!(feed.len(), 1);
+    assert_eq!(feed[0].record, cleared);
+    let set = store
+        .set_expiry(&created.id.to_string(), Some(1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(set.expires_at, Some(1));
+    assert!(store.keys_changed_since(feed[0].seq).await.unwrap().len() == 1);
+    assert_eq!(store.key(&first.prefix).await.unwrap().unwrap(), set);
+
+    for unknown in ["fg-nosuchkey", "999999"] {
+        assert!(
+            store
+                .rotate_key(unknown, &fourth.hash, None)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert!(store.set_expiry(unknown, None).await.unwrap().is_none());
+    }
 }
 
 async fn ping(store: Arc<dyn Store>) {
@@ -1589,14 +1683,34 @@ impl WatchedStore {
 
 #[async_trait::async_trait]
 impl Store for WatchedStore {
-    async fn create_key(
+    async fn create_expiring_key(
         &self,
         name: &str,
         email: Option<&str>,
         key: &NewKey,
         limits: &LimitOverrides,
+        expires_at: Option<i64>,
     ) -> Result<KeyRecord, StoreError> {
-        self.inner.create_key(name, email, key, limits).await
+        self.inner
+            .create_expiring_key(name, email, key, limits, expires_at)
+            .await
+    }
+    async fn rotate_key(
+        &self,
+        id_or_prefix: &str,
+        hash: &[u8; 32],
+        previous_until: Option<i64>,
+    ) -> Result<Option<KeyRecord>, StoreError> {
+        self.inner
+            .rotate_key(id_or_prefix, hash, previous_until)
+            .await
+    }
+    async fn set_expiry(
+        &self,
+        id_or_prefix: &str,
+        expires_at: Option<i64>,
+    ) -> Result<Option<KeyRecord>, StoreError> {
+        self.inner.set_expiry(id_or_prefix, expires_at).await
     }
     async fn keys_changed_since(&self, since: i64) -> Result<Vec<KeyChange>, StoreError> {
         self.feed_reads

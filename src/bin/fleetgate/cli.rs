@@ -12,8 +12,11 @@ use serde_json::json;
 use fleetgate::admission::{KeyLimits, Month};
 use fleetgate::config::LimitDefaults;
 use fleetgate::key_limits::{Limit, LimitInput};
-use fleetgate::keys::{KeyError, KeyService, LimitsChange, NewLimits};
-use fleetgate::store::{KeyRecord, LimitOverrides, Store};
+use fleetgate::keys::{
+    KeyError, KeyService, LimitsChange, MAX_EXPIRES_AT, MAX_GRACE_SECS, NewLimits,
+};
+use fleetgate::store::{KeyRecord, LimitOverrides, Store, now_unix};
+use fleetgate::times::{format_duration, format_time, parse_duration, parse_time};
 
 /// A limit flag of `keys set`: a value, or `default` to drop the key's own value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,19 +96,68 @@ fn cli_error(err: KeyError) -> anyhow::Error {
     }
 }
 
-/// Creates a key with its initial limit overrides. Text output ends with the secret alone
-/// on the last line, so scripts can take it with `tail -n1`; `--json` prints one object
-/// with it as `secret`.
+/// The value parser of `--expires`: how long from now (`90d`), an RFC 3339 time or a
+/// UTC day, as Unix seconds.
+pub fn expiry_arg(value: &str) -> Result<i64, String> {
+    let at = match parse_duration(value) {
+        Some(secs) => i64::try_from(secs)
+            .ok()
+            .and_then(|secs| now_unix().checked_add(secs)),
+        None => parse_time(value),
+    };
+    at.filter(|at| (0..=MAX_EXPIRES_AT).contains(at))
+        .ok_or_else(|| {
+            format!(
+                "expected how long from now (90d, 12h), an RFC 3339 time (2027-01-01T00:00:00Z) \
+             or a UTC day (2027-01-01), up to 9999-12-31, got '{value}'"
+            )
+        })
+}
+
+/// The value parser of `keys set --expires`: as [`expiry_arg`], or `never`.
+pub fn expiry_setting(value: &str) -> Result<Setting<i64>, String> {
+    if value.eq_ignore_ascii_case("never") {
+        Ok(Setting::Default)
+    } else {
+        expiry_arg(value)
+            .map(Setting::Value)
+            .map_err(|e| format!("{e}, or 'never'"))
+    }
+}
+
+/// The value parser of `keys rotate --grace`: a duration up to the key service's
+/// maximum, in seconds.
+pub fn grace_arg(value: &str) -> Result<u64, String> {
+    match parse_duration(value) {
+        Some(secs) if secs <= MAX_GRACE_SECS => Ok(secs),
+        Some(secs) => Err(KeyError::GraceTooLong(secs).to_string()),
+        None => Err(format!(
+            "expected a duration such as 90s, 15m, 2h or 7d (at most {}), or 0, got '{value}'",
+            format_duration(MAX_GRACE_SECS)
+        )),
+    }
+}
+
+/// What `keys create` makes.
+pub struct NewKey<'a> {
+    pub name: &'a str,
+    pub email: Option<&'a str>,
+    pub limits: NewLimits,
+    /// Unix seconds; `None`: never.
+    pub expires_at: Option<i64>,
+}
+
+/// Creates a key with its initial limit overrides and expiry. Text output ends with the
+/// secret alone on the last line, so scripts can take it with `tail -n1`; `--json`
+/// prints one object with it as `secret`.
 pub async fn create_key(
     store: &dyn Store,
     defaults: &LimitDefaults,
-    name: &str,
-    email: Option<&str>,
-    limits: &NewLimits,
+    new: &NewKey<'_>,
     as_json: bool,
 ) -> anyhow::Result<String> {
     let issued = KeyService::new(store, defaults)
-        .create(name, email, limits)
+        .create(new.name, new.email, &new.limits, new.expires_at)
         .await
         .map_err(cli_error)?;
     let (record, secret) = (issued.record, issued.secret.expose());
@@ -114,14 +166,53 @@ pub async fn create_key(
         value["secret"] = json!(secret);
         value.to_string()
     } else {
+        let expires = match record.expires_at {
+            Some(at) => format!("\nExpires: {}.", expiry_text(at, now_unix())),
+            None => String::new(),
+        };
         format!(
-            "Created key {} (id {}, name {:?}).\nLimits: {}.\nThe secret is shown only now:\n{secret}",
+            "Created key {} (id {}, name {:?}).\nLimits: {}.{expires}\nThe secret is shown only now:\n{secret}",
             record.prefix,
             record.id,
             record.name,
             limits_inline(&record.limits, defaults)
         )
     })
+}
+
+/// Gives a key a new secret; the replaced one works for `grace_secs` more. Text output
+/// ends with the new secret alone on the last line, as `keys create`'s; `--json` prints
+/// one object with it as `secret`.
+pub async fn rotate_key(
+    store: &dyn Store,
+    defaults: &LimitDefaults,
+    id_or_prefix: &str,
+    grace_secs: u64,
+    as_json: bool,
+) -> anyhow::Result<String> {
+    let issued = KeyService::new(store, defaults)
+        .rotate(id_or_prefix, grace_secs)
+        .await
+        .map_err(cli_error)?;
+    let (record, secret) = (issued.record, issued.secret.expose());
+    if as_json {
+        let mut value = record_json(&record, defaults);
+        value["secret"] = json!(secret);
+        return Ok(value.to_string());
+    }
+    let previous = match record.previous_secret_expires_at(now_unix()) {
+        Some(at) => format!(
+            "The previous secret keeps working until {} (a grace of {}); then only the new one does.",
+            format_time(at),
+            format_duration(grace_secs)
+        ),
+        None => "The previous secret stopped working now.".to_owned(),
+    };
+    Ok(format!(
+        "Rotated key {} (id {}, name {:?}): same prefix, limits, usage and budget, a new secret.\n\
+         {previous}\nThe new secret is shown only now:\n{secret}",
+        record.prefix, record.id, record.name,
+    ))
 }
 
 /// Lists keys with their effective limits (`*` marks a key's own value).
@@ -143,8 +234,9 @@ pub async fn list_keys(
         "ID", "PREFIX", "STATE", "NAME", "BUDGET/MONTH", "RPM", "CONC", "QUEUE", "SHARE", "EMAIL"
     );
     let mut any_own = false;
+    let now = now_unix();
     for r in &records {
-        let state = if r.is_active() { "active" } else { "revoked" };
+        let state = state(r, now);
         let own = r.limits;
         let eff = KeyLimits::resolve(defaults, &own);
         any_own |= own != LimitOverrides::default();
@@ -198,25 +290,95 @@ pub async fn revoke_key(
     Ok(format!("Revoked key {} (id {}).", record.prefix, record.id))
 }
 
-/// Changes a key's limit overrides and prints its effective limits afterwards.
+/// Changes a key's limit overrides and (`Some`) its expiry, and prints its effective
+/// limits and expiry afterwards.
 pub async fn set_limits(
     store: &dyn Store,
     defaults: &LimitDefaults,
     id_or_prefix: &str,
     change: &LimitsChange,
+    expires_at: Option<Option<i64>>,
 ) -> anyhow::Result<String> {
-    let record = KeyService::new(store, defaults)
+    let keys = KeyService::new(store, defaults);
+    // The limits are checked (and a bad one refused) before the expiry is written.
+    let mut record = keys
         .set_limits(id_or_prefix, change)
         .await
         .map_err(cli_error)?;
+    if let Some(expires_at) = expires_at {
+        record = keys
+            .set_expiry(id_or_prefix, expires_at)
+            .await
+            .map_err(cli_error)?;
+    }
     Ok(format!(
-        "Limits of key {} (id {}, name {:?}){}:\n{}",
+        "Limits of key {} (id {}, name {:?}){}:\n{}\n{}",
         record.prefix,
         record.id,
         record.name,
-        if record.is_active() { "" } else { ", revoked" },
-        limits_table(&record.limits, defaults)
+        state_note(&record, now_unix()),
+        limits_table(&record.limits, defaults),
+        expiry_lines(&record, now_unix())
     ))
+}
+
+/// `active`, `revoked` or `expired`.
+fn state(record: &KeyRecord, now: i64) -> &'static str {
+    if !record.is_active() {
+        "revoked"
+    } else if record.is_expired(now) {
+        "expired"
+    } else {
+        "active"
+    }
+}
+
+/// `, revoked` or `, expired` after a key's name; nothing for an active key.
+fn state_note(record: &KeyRecord, now: i64) -> String {
+    match state(record, now) {
+        "active" => String::new(),
+        other => format!(", {other}"),
+    }
+}
+
+/// An expiry for people: `2027-01-01T00:00:00Z (in 25d)`, or `(passed)`.
+fn expiry_text(at: i64, now: i64) -> String {
+    let when = u64::try_from(at - now)
+        .ok()
+        .filter(|&secs| secs > 0)
+        .map_or_else(
+            || "passed".to_owned(),
+            |secs| format!("in {}", rough_duration(secs)),
+        );
+    format!("{} ({when})", format_time(at))
+}
+
+/// A duration in its largest whole unit, rounded down (`25d`, `3h`).
+fn rough_duration(secs: u64) -> String {
+    let unit = [86_400, 3_600, 60, 1]
+        .into_iter()
+        .find(|&unit| secs >= unit)
+        .unwrap_or(1);
+    format_duration(secs / unit * unit)
+}
+
+/// The key's expiry, and its previous secret's while a rotation's grace lasts, as
+/// `keys set`/`keys usage` table lines.
+fn expiry_lines(record: &KeyRecord, now: i64) -> String {
+    let mut lines = table_line(
+        "expires",
+        record
+            .expires_at
+            .map_or_else(|| "never".to_owned(), |at| expiry_text(at, now)),
+    );
+    if let Some(at) = record.previous_secret_expires_at(now) {
+        lines.push('\n');
+        lines.push_str(&table_line(
+            "previous secret",
+            format!("works until {}", expiry_text(at, now)),
+        ));
+    }
+    lines
 }
 
 /// This month's used tokens (from the usage ledger), the effective limits and what is
@@ -243,16 +405,17 @@ pub async fn key_usage(
     }
     Ok(format!(
         "Usage of key {} (id {}, name {:?}){} in {month} (UTC; the budget resets on \
-         {resets}-01 00:00 UTC):\n{}\n{}\n{}\n\
+         {resets}-01 00:00 UTC):\n{}\n{}\n{}\n{}\n\
          Used tokens are those of finished requests, from the usage ledger; tokens reserved\n\
          by requests still running are known only to the running server.",
         record.prefix,
         record.id,
         record.name,
-        if record.is_active() { "" } else { ", revoked" },
+        state_note(&record, now_unix()),
         table_line("used", format!("{used} tokens")),
         table_line("remaining", format!("{remaining} tokens")),
-        limits_table(&record.limits, defaults)
+        limits_table(&record.limits, defaults),
+        expiry_lines(&record, now_unix())
     ))
 }
 
@@ -352,7 +515,9 @@ fn record_json(record: &KeyRecord, defaults: &LimitDefaults) -> serde_json::Valu
         "prefix": record.prefix,
         "created_at": record.created_at,
         "revoked_at": record.revoked_at,
-        "active": record.is_active(),
+        "expires_at": record.expires_at,
+        "previous_secret_expires_at": record.previous_secret_expires_at(now_unix()),
+        "active": record.is_usable(now_unix()),
         "limits": {
             "monthly_budget": eff.monthly_budget,
             "requests_per_minute": eff.requests_per_minute,
@@ -475,6 +640,121 @@ mod tests {
         }
     }
 
+    fn named(name: &str, limits: NewLimits) -> NewKey<'_> {
+        NewKey {
+            name,
+            email: None,
+            limits,
+            expires_at: None,
+        }
+    }
+
+    #[test]
+    fn expiry_and_grace_args() {
+        let now = now_unix();
+        let in_a_day = expiry_arg("1d").unwrap();
+        assert!((now + 86_400..=now + 86_401).contains(&in_a_day));
+        assert_eq!(expiry_arg("2027-01-01T00:00:00Z"), Ok(1_798_761_600));
+        assert_eq!(expiry_arg("2027-01-01"), Ok(1_798_761_600));
+        assert_eq!(expiry_arg("2027-01-01T01:00:00+01:00"), Ok(1_798_761_600));
+        assert_eq!(expiry_setting("never"), Ok(Setting::Default));
+        for bad in ["", "soon", "-1d", "1969-12-31", "2027-01-01T00:00:00"] {
+            assert!(expiry_arg(bad).is_err(), "{bad}");
+        }
+        assert!(
+            expiry_setting("soon")
+                .unwrap_err()
+                .ends_with(", or 'never'")
+        );
+        assert_eq!(grace_arg("0"), Ok(0));
+        assert_eq!(grace_arg("90s"), Ok(90));
+        assert_eq!(grace_arg("30d"), Ok(2_592_000));
+        assert_eq!(
+            grace_arg("31d").unwrap_err(),
+            "the grace period must be at most 30d (2592000 seconds), got 31d (2678400 seconds)"
+        );
+        assert!(
+            grace_arg("1w")
+                .unwrap_err()
+                .starts_with("expected a duration")
+        );
+    }
+
+    /// `keys rotate` prints the new secret alone on the last line and when the old one
+    /// stops; `keys set --expires` and `keys usage` show the expiry and the grace.
+    #[tokio::test]
+    async fn rotate_and_expire() {
+        let store = fleetgate::store::connect("sqlite::memory:").await.unwrap();
+        let store = store.as_ref();
+        let defaults = defaults();
+        let new = NewKey {
+            expires_at: Some(now_unix() + 2 * 86_400 + 30),
+            ..named("carol", NewLimits::default())
+        };
+        let out = create_key(store, &defaults, &new, false).await.unwrap();
+        assert!(out.contains("\nExpires: "), "{out}");
+        assert!(out.contains(" (in 2d).\n"), "{out}");
+        let first = out.lines().last().unwrap().to_owned();
+        let prefix = &first[..fleetgate::key_secret::PREFIX_LEN];
+
+        let out = rotate_key(store, &defaults, prefix, 7_200, false)
+            .await
+            .unwrap();
+        let second = out.lines().last().unwrap();
+        assert!(second.starts_with(prefix) && second != first, "{out}");
+        assert!(
+            out.starts_with(&format!("Rotated key {prefix} (id 1, name \"carol\")")),
+            "{out}"
+        );
+        assert!(out.contains("keeps working until "), "{out}");
+        assert!(
+            out.contains("(a grace of 2h); then only the new one does."),
+            "{out}"
+        );
+        let out = key_usage(store, &defaults, prefix, false).await.unwrap();
+        assert!(out.contains("  previous secret  works until "), "{out}");
+        // Two hours from the rotation, or just under them by now.
+        assert!(
+            out.contains(" (in 2h)") || out.contains(" (in 1h)"),
+            "{out}"
+        );
+
+        let json: serde_json::Value =
+            serde_json::from_str(&rotate_key(store, &defaults, "1", 0, true).await.unwrap())
+                .unwrap();
+        let third = json["secret"].as_str().unwrap();
+        assert!(third.starts_with(prefix) && third != second, "{json}");
+        assert_eq!(json["previous_secret_expires_at"], serde_json::Value::Null);
+        assert_eq!(json["active"], true);
+        let out = rotate_key(store, &defaults, "1", 0, false).await.unwrap();
+        assert!(
+            out.contains("\nThe previous secret stopped working now.\n"),
+            "{out}"
+        );
+
+        let no_change = LimitsChange::default();
+        let out = set_limits(store, &defaults, prefix, &no_change, Some(Some(1)))
+            .await
+            .unwrap();
+        assert!(out.contains("(id 1, name \"carol\"), expired:"), "{out}");
+        assert!(
+            out.contains("  expires          1970-01-01T00:00:01Z (passed)"),
+            "{out}"
+        );
+        let list = list_keys(store, &defaults, false).await.unwrap();
+        assert!(list.contains(" expired  carol"), "{list}");
+        let out = set_limits(store, &defaults, prefix, &no_change, Some(None))
+            .await
+            .unwrap();
+        assert!(out.contains("  expires          never"), "{out}");
+
+        revoke_key(store, &defaults, prefix).await.unwrap();
+        let err = rotate_key(store, &defaults, prefix, 0, false)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("is revoked"), "{err}");
+    }
+
     #[tokio::test]
     async fn create_set_usage_list() {
         let store = fleetgate::store::connect("sqlite::memory:").await.unwrap();
@@ -486,7 +766,7 @@ mod tests {
             ..NewLimits::default()
         };
 
-        let out = create_key(store, &defaults, "alice", None, &own, false)
+        let out = create_key(store, &defaults, &named("alice", own), false)
             .await
             .unwrap();
         let secret = out.lines().last().unwrap();
@@ -500,7 +780,7 @@ mod tests {
         let record = store.key(prefix).await.unwrap().unwrap();
 
         let json: serde_json::Value = serde_json::from_str(
-            &create_key(store, &defaults, "bob", None, &NewLimits::default(), true)
+            &create_key(store, &defaults, &named("bob", NewLimits::default()), true)
                 .await
                 .unwrap(),
         )
@@ -519,12 +799,14 @@ mod tests {
             requests_per_minute: Some(None),
             ..LimitsChange::default()
         };
-        let out = set_limits(store, &defaults, prefix, &update).await.unwrap();
+        let out = set_limits(store, &defaults, prefix, &update, None)
+            .await
+            .unwrap();
         assert!(out.contains("  monthly budget   500 tokens (own)"), "{out}");
         assert!(out.contains("  requests/minute  600 (default)"), "{out}");
         assert!(out.contains("  share            3 (own)"), "{out}");
         assert!(
-            set_limits(store, &defaults, "fg-nosuchkey", &update)
+            set_limits(store, &defaults, "fg-nosuchkey", &update, None)
                 .await
                 .is_err()
         );
@@ -545,7 +827,7 @@ mod tests {
             ),
             (bad_share, "--share must be between 1 and 1000 (got 0)"),
         ] {
-            let err = set_limits(store, &defaults, prefix, &bad)
+            let err = set_limits(store, &defaults, prefix, &bad, None)
                 .await
                 .unwrap_err();
             assert_eq!(err.to_string(), named);
@@ -597,16 +879,11 @@ mod tests {
         let store = store.as_ref();
         let defaults = defaults();
         let name = "evil\u{1b}]0;pwned\u{7}\u{1b}[2J\r";
-        create_key(
-            store,
-            &defaults,
-            name,
-            Some("x\u{1b}[31m@y"),
-            &NewLimits::default(),
-            false,
-        )
-        .await
-        .unwrap();
+        let new = NewKey {
+            email: Some("x\u{1b}[31m@y"),
+            ..named(name, NewLimits::default())
+        };
+        create_key(store, &defaults, &new, false).await.unwrap();
         let out = list_keys(store, &defaults, false).await.unwrap();
         assert!(!out.contains(['\u{1b}', '\u{7}', '\r']), "{out:?}");
         assert!(out.contains(r"evil\u{1b}]0;pwned\u{7}\u{1b}[2J\r"), "{out}");

@@ -231,41 +231,14 @@ pub fn time_arg(value: &str, now_ms: i64) -> Result<i64, String> {
 }
 
 fn ago_ms(value: &str) -> Option<i64> {
-    let unit = value.chars().last()?;
-    let count: i64 = value[..value.len() - unit.len_utf8()].parse().ok()?;
-    let unit_ms = match unit {
-        's' => 1_000,
-        'm' => 60_000,
-        'h' => 3_600_000,
-        'd' => DAY_MS,
-        _ => return None,
-    };
-    (count >= 0).then(|| count.checked_mul(unit_ms)).flatten()
+    i64::try_from(fleetgate::times::parse_duration(value)?)
+        .ok()?
+        .checked_mul(1_000)
 }
 
+/// A UTC day or an RFC 3339 time (a fraction of a second dropped).
 fn utc_ms(value: &str) -> Option<i64> {
-    let (date, clock) = match value.split_once('T') {
-        Some((date, clock)) => (date, Some(clock.strip_suffix('Z')?)),
-        None => (value, None),
-    };
-    let mut parts = date.splitn(3, '-');
-    let year: i32 = parts.next()?.parse().ok()?;
-    let month: u8 = parts.next()?.parse().ok()?;
-    let day: u8 = parts.next()?.parse().ok()?;
-    let date =
-        time::Date::from_calendar_date(year, time::Month::try_from(month).ok()?, day).ok()?;
-    let (hour, minute, second) = match clock {
-        None => (0, 0, 0),
-        Some(clock) => {
-            let mut parts = clock.splitn(3, ':');
-            let hour: u8 = parts.next()?.parse().ok()?;
-            let minute: u8 = parts.next()?.parse().ok()?;
-            let second: u8 = parts.next().map_or(Some(0), |s| s.parse().ok())?;
-            (hour, minute, second)
-        }
-    };
-    let at = date.with_hms(hour, minute, second).ok()?.assume_utc();
-    Some(at.unix_timestamp() * 1_000)
+    fleetgate::times::parse_time(value)?.checked_mul(1_000)
 }
 
 /// `2026-12-01T10:30:00.123Z`.

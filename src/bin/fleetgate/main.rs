@@ -221,7 +221,26 @@ enum KeysCommand {
         email: Option<String>,
         #[command(flatten)]
         limits: CreateLimits,
+        /// When the key stops working: how long from now (`90d`, `12h`), an RFC 3339
+        /// time (`2027-01-01T00:00:00Z`) or a UTC day (`2027-01-01`). Default: never.
+        #[arg(long, value_name = "WHEN", value_parser = cli::expiry_arg)]
+        expires: Option<i64>,
         /// Print the key (secret included) as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Give a key a new secret, printed once, alone on the last line (or as JSON): same
+    /// id, prefix, limits, usage, budget, expiry, jobs and saved work. The secret it
+    /// replaces keeps working for the grace period, then only the new one does.
+    /// Rotating again during a grace keeps only the secret that rotation replaces.
+    Rotate {
+        /// The key's id or prefix.
+        id_or_prefix: String,
+        /// How long the replaced secret keeps working (`90s`, `15m`, `2h`, `7d`; at most
+        /// 30d); `0` stops it at once.
+        #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = cli::grace_arg)]
+        grace: u64,
+        /// Print the key (new secret included) as one JSON object.
         #[arg(long)]
         json: bool,
     },
@@ -236,8 +255,9 @@ enum KeysCommand {
         /// The key's id, or its prefix (the secret's first characters, as listed).
         id_or_prefix: String,
     },
-    /// Change a key's own limits (`default` returns one to the configured default), then
-    /// print its effective limits. A running server applies them to new requests.
+    /// Change a key's own limits (`default` returns one to the configured default) or
+    /// its expiry, then print its effective limits and expiry. A running server applies
+    /// them to new requests.
     Set {
         /// The key's id or prefix.
         id_or_prefix: String,
@@ -303,6 +323,10 @@ struct SetLimits {
     /// The key's weight in its models' fleet queues (1 to 1000), or `default`.
     #[arg(long, value_name = "N|default", allow_negative_numbers = true, value_parser = cli::limit_setting(Limit::Share))]
     share: Option<cli::Setting<LimitInput>>,
+    /// When the key stops working (as for `keys create`: `90d`, an RFC 3339 time, a UTC
+    /// day; a time already past refuses the key from now on), or `never`.
+    #[arg(long, value_name = "WHEN|never", value_parser = cli::expiry_setting)]
+    expires: Option<cli::Setting<i64>>,
 }
 
 impl CreateLimits {
@@ -371,11 +395,22 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     name,
                     email,
                     limits,
+                    expires,
                     json,
                 } => {
-                    let limits = limits.limits();
-                    cli::create_key(store, defaults, &name, email.as_deref(), &limits, json).await?
+                    let new = cli::NewKey {
+                        name: &name,
+                        email: email.as_deref(),
+                        limits: limits.limits(),
+                        expires_at: expires,
+                    };
+                    cli::create_key(store, defaults, &new, json).await?
                 }
+                KeysCommand::Rotate {
+                    id_or_prefix,
+                    grace,
+                    json,
+                } => cli::rotate_key(store, defaults, &id_or_prefix, grace, json).await?,
                 KeysCommand::List { json } => cli::list_keys(store, defaults, json).await?,
                 KeysCommand::Revoke { id_or_prefix } => {
                     cli::revoke_key(store, defaults, &id_or_prefix).await?
@@ -383,7 +418,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 KeysCommand::Set {
                     id_or_prefix,
                     limits,
-                } => cli::set_limits(store, defaults, &id_or_prefix, &limits.change()).await?,
+                } => {
+                    let expires = limits.expires.map(cli::Setting::into_option);
+                    let change = limits.change();
+                    cli::set_limits(store, defaults, &id_or_prefix, &change, expires).await?
+                }
                 KeysCommand::Usage { id_or_prefix, json } => {
                     cli::key_usage(store, defaults, &id_or_prefix, json).await?
                 }

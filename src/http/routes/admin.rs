@@ -1,11 +1,11 @@
 //! The admin API under `/admin`, guarded by `admin_token` from the config (off, 404,
-//! when none is set): create, list, show and revoke keys, set their limits, read their
-//! usage; reload the config file (`POST /admin/reload`). The work, and the check of the
+//! when none is set): create, list, show, rotate and revoke keys, set their limits and
+//! expiry, read their usage; reload the config file (`POST /admin/reload`). The work, and the check of the
 //! limit values, is the key service's ([`crate::keys::KeyService`]) and the reload's
 //! ([`crate::reload`]); the handlers only read the bodies and render the answers.
 
 use axum::Json;
-use axum::extract::{Path, Request, State};
+use axum::extract::{FromRequest as _, Path, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::Response;
@@ -19,17 +19,21 @@ use crate::http::auth::{bearer_token, is_admin_token};
 use crate::http::body::JsonBody;
 use crate::http::routes::usage::{KeyUsage, key_usage};
 use crate::key_limits::LimitInput;
-use crate::keys::{KeyError, KeyService, LimitsChange, NewLimits};
+use crate::keys::{
+    DEFAULT_GRACE_SECS, KeyError, KeyService, LimitsChange, MAX_GRACE_SECS, NewLimits,
+};
 use crate::reload::Reloaded;
 use crate::request_record::RequestRecord;
 use crate::state::AppState;
-use crate::store::{KeyRecord, StoreError};
+use crate::store::{KeyRecord, StoreError, now_unix};
+use crate::times::parse_time;
 
 pub fn admin_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_key, list_keys))
         .routes(routes!(show_key))
         .routes(routes!(revoke_key))
+        .routes(routes!(rotate_key))
         .routes(routes!(set_limits))
         .routes(routes!(usage))
         .routes(routes!(reload))
@@ -67,6 +71,12 @@ pub struct KeyView {
     /// Unix seconds.
     created_at: i64,
     revoked_at: Option<i64>,
+    /// Unix seconds from which the key is refused; null: never.
+    expires_at: Option<i64>,
+    /// While a rotation's grace lasts, Unix seconds from which the secret it replaced
+    /// is refused; null when no previous secret works.
+    previous_secret_expires_at: Option<i64>,
+    /// Whether requests may use the key now: neither revoked nor expired.
     active: bool,
     /// The limits in force (the key's own, else the configured defaults).
     limits: LimitsView,
@@ -122,10 +132,50 @@ pub struct NewKeyRequest {
     /// tokens.
     #[schema(value_type = Option<u32>, minimum = 1, maximum = 1000)]
     share: Option<JsonLimit>,
+    /// When the key stops working: an RFC 3339 time (`2027-01-01T00:00:00Z`) or Unix
+    /// seconds, up to 9999-12-31T23:59:59Z; a time already past makes a key refused from
+    /// the start. Left out or null: never.
+    #[schema(value_type = Option<String>, format = DateTime)]
+    expires_at: Option<JsonExpiry>,
 }
 
-/// A change of limits: a field left out stays as it is, `null` returns it to the
-/// default, a number sets it.
+/// How a key's secret is rotated.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RotateRequest {
+    /// How long the secret being replaced keeps working, in seconds (default 86400, a
+    /// day; at most 2592000, 30 days); 0 stops it at once. A rotation during another's
+    /// grace keeps only the secret it replaces: the one before stops at once.
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 2592000)]
+    grace_seconds: Option<JsonLimit>,
+}
+
+impl RotateRequest {
+    /// The grace asked for (the default when none is), or the refusal of a value that is
+    /// no whole number of seconds, naming the field. The bound is the key service's to
+    /// check.
+    fn grace_secs(&self) -> Result<u64, ApiError> {
+        let Some(JsonLimit(input)) = &self.grace_seconds else {
+            return Ok(DEFAULT_GRACE_SECS);
+        };
+        let text = match input {
+            LimitInput::Whole(n) => match u64::try_from(*n) {
+                Ok(secs) => return Ok(secs),
+                Err(_) => n.to_string(),
+            },
+            LimitInput::Other(text) => text.chars().take(64).collect(),
+        };
+        Err(ApiError::invalid_param(
+            "grace_seconds",
+            format!(
+                "grace_seconds must be a whole number of seconds from 0 to {MAX_GRACE_SECS} (got {text})"
+            ),
+        ))
+    }
+}
+
+/// A change of limits and expiry: a field left out stays as it is, `null` returns a
+/// limit to the default (and clears the expiry), a value sets it.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsPatch {
@@ -147,6 +197,43 @@ pub struct LimitsPatch {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<u32>, minimum = 1, maximum = 1000)]
     share: Option<Option<JsonLimit>>,
+    /// When the key stops working: an RFC 3339 time (`2027-01-01T00:00:00Z`) or Unix
+    /// seconds, up to 9999-12-31T23:59:59Z (a time already past refuses the key from now
+    /// on); null: never.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    expires_at: Option<Option<JsonExpiry>>,
+}
+
+/// An expiry field of a body (not `null`): any JSON value, read by [`JsonExpiry::at`]
+/// so that a bad one is refused naming the field.
+#[derive(Debug)]
+struct JsonExpiry(serde_json::Value);
+
+impl<'de> Deserialize<'de> for JsonExpiry {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        serde_json::Value::deserialize(d).map(Self)
+    }
+}
+
+impl JsonExpiry {
+    /// The Unix seconds of an RFC 3339 time or a whole number of Unix seconds.
+    fn at(&self) -> Result<i64, ApiError> {
+        let at = match &self.0 {
+            serde_json::Value::Number(n) => n.as_i64(),
+            serde_json::Value::String(text) => parse_time(text),
+            _ => None,
+        };
+        at.ok_or_else(|| {
+            ApiError::invalid_param(
+                "expires_at",
+                format!(
+                    "expires_at must be an RFC 3339 time such as 2027-01-01T00:00:00Z, or Unix seconds (got {})",
+                    self.0.to_string().chars().take(64).collect::<String>()
+                ),
+            )
+        })
+    }
 }
 
 /// A limit field of a body (not `null`, which the `Option` around it takes): any JSON
@@ -190,6 +277,7 @@ fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
 impl KeyView {
     fn new(keys: &KeyService<'_>, record: &KeyRecord) -> Self {
         let limits = keys.limits(record);
+        let now = now_unix();
         Self {
             id: record.id,
             name: record.name.clone(),
@@ -197,7 +285,9 @@ impl KeyView {
             prefix: record.prefix.clone(),
             created_at: record.created_at,
             revoked_at: record.revoked_at,
-            active: record.is_active(),
+            expires_at: record.expires_at,
+            previous_secret_expires_at: record.previous_secret_expires_at(now),
+            active: record.is_usable(now),
             limits: LimitsView {
                 monthly_budget: limits.monthly_budget,
                 requests_per_minute: limits.requests_per_minute,
@@ -235,6 +325,9 @@ fn api_error(err: KeyError) -> ApiError {
         KeyError::NotFound(id_or_prefix) => {
             ApiError::KeyNotFound(id_or_prefix.chars().take(64).collect())
         }
+        KeyError::GraceTooLong(_) => ApiError::invalid_param("grace_seconds", err.to_string()),
+        KeyError::ExpiryOutOfRange(_) => ApiError::invalid_param("expires_at", err.to_string()),
+        KeyError::Revoked(_) => ApiError::invalid(err.to_string()),
         KeyError::Store(StoreError::Invalid(message)) => ApiError::invalid(message),
         KeyError::Store(err) => ApiError::internal(err),
     }
@@ -244,6 +337,7 @@ fn api_error(err: KeyError) -> ApiError {
     responses((status = 201, body = CreatedKey, links(
             ("show_key" = (operation_id = "show_key", parameters(("key" = "$response.body#/prefix")))),
             ("revoke_key" = (operation_id = "revoke_key", parameters(("key" = "$response.body#/prefix")))),
+            ("rotate_key" = (operation_id = "rotate_key", parameters(("key" = "$response.body#/prefix")))),
             ("set_limits" = (operation_id = "set_limits", parameters(("key" = "$response.body#/prefix")))),
             ("usage" = (operation_id = "usage", parameters(("key" = "$response.body#/prefix")))),
         )), (status = 400, body = crate::http::openapi::ErrorEnvelopeDoc), (status = 401, body = crate::http::openapi::ErrorEnvelopeDoc), (status = 408, description = "`request_timeout`: the body did not arrive within `connections.body_read_timeout_ms` of its headers.", body = crate::http::openapi::ErrorEnvelopeDoc), (status = 413, description = "`request_too_large`: the body is over 2 MiB (or `max_body_bytes` if that is less). Carries `X-Should-Retry: false`.", body = crate::http::openapi::ErrorEnvelopeDoc)),
@@ -259,9 +353,10 @@ pub async fn create_key(
         max_queued: input(new.max_queued),
         share: input(new.share),
     };
+    let expires_at = new.expires_at.as_ref().map(JsonExpiry::at).transpose()?;
     let keys = key_service(&state);
     let issued = keys
-        .create(&new.name, new.email.as_deref(), &limits)
+        .create(&new.name, new.email.as_deref(), &limits, expires_at)
         .await
         .map_err(api_error)?;
     apply_now(&state).await;
@@ -289,6 +384,7 @@ pub async fn list_keys(State(state): State<AppState>) -> Result<Json<Vec<KeyView
     params(("key" = String, Path, description = "Key id or prefix")),
     responses((status = 200, body = KeyView, links(
             ("revoke_key" = (operation_id = "revoke_key", parameters(("key" = "$response.body#/prefix")))),
+            ("rotate_key" = (operation_id = "rotate_key", parameters(("key" = "$response.body#/prefix")))),
             ("set_limits" = (operation_id = "set_limits", parameters(("key" = "$response.body#/prefix")))),
             ("usage" = (operation_id = "usage", parameters(("key" = "$response.body#/prefix")))),
         )), (status = 400, description = "`invalid_request`: `{key}` is not UTF-8 once percent-decoded.", body = crate::http::openapi::ErrorEnvelopeDoc), (status = 401, body = crate::http::openapi::ErrorEnvelopeDoc), (status = 404, body = crate::http::openapi::ErrorEnvelopeDoc)),
@@ -316,9 +412,47 @@ pub async fn revoke_key(
     Ok(Json(KeyView::new(&keys, &record)))
 }
 
+#[utoipa::path(post, path = "/admin/keys/{key}/rotate", tag = "admin", request_body(content = Option<RotateRequest>, description = "Optional: without a body (or with `{}` or `null`) the previous secret keeps working for a day."),
+    description = "Issues a new secret for the key, shown only in this response: the same id, prefix, limits, usage, budget, expiry, jobs and saved work. The secret it replaces keeps working until `previous_secret_expires_at` (the grace), then only the new one does. Rotating again during a grace keeps only the secret that rotation replaces; the one before it stops at once. The change reaches every replica through the key change feed.",
+    params(("key" = String, Path, description = "Key id or prefix")),
+    responses((status = 200, body = CreatedKey), (status = 400, description = "`invalid_request`: `grace_seconds` is over 30 days or not a whole number (`param` names it), the key is revoked, the body is not the JSON object documented, or `{key}` is not UTF-8 once percent-decoded.", body = crate::http::openapi::ErrorEnvelopeDoc), (status = 401, body = crate::http::openapi::ErrorEnvelopeDoc), (status = 404, body = crate::http::openapi::ErrorEnvelopeDoc), (status = 408, description = "`request_timeout`: the body did not arrive within `connections.body_read_timeout_ms` of its headers.", body = crate::http::openapi::ErrorEnvelopeDoc), (status = 413, description = "`request_too_large`: the body is over 2 MiB (or `max_body_bytes` if that is less). Carries `X-Should-Retry: false`.", body = crate::http::openapi::ErrorEnvelopeDoc)),
+    security(("admin" = [])))]
+pub async fn rotate_key(
+    State(state): State<AppState>,
+    Path(key): Path<String>,
+    request: Request,
+) -> Result<Json<CreatedKey>, ApiError> {
+    let rotate = if has_body(request.body()) {
+        // `null` is the document's other choice (no body at all).
+        JsonBody::<Option<RotateRequest>>::from_request(request, &state)
+            .await?
+            .0
+            .unwrap_or_default()
+    } else {
+        RotateRequest::default()
+    };
+    let grace = rotate.grace_secs()?;
+    let keys = key_service(&state);
+    let issued = keys.rotate(&key, grace).await.map_err(api_error)?;
+    apply_now(&state).await;
+    Ok(Json(CreatedKey {
+        key: KeyView::new(&keys, &issued.record),
+        secret: issued.secret.expose().to_owned(),
+    }))
+}
+
+/// Whether a request carries a body to read, as the connection knows it: none for
+/// `Content-Length: 0`, for an HTTP/1.1 request with neither a length nor a chunked
+/// body, or for an HTTP/2 stream that ended with its headers, whatever the content type
+/// says. (Without a body, a rotation takes the default grace.)
+fn has_body(body: &axum::body::Body) -> bool {
+    use axum::body::HttpBody as _;
+    !body.is_end_stream() && body.size_hint().exact() != Some(0)
+}
+
 #[utoipa::path(patch, path = "/admin/keys/{key}/limits", tag = "admin", request_body = LimitsPatch,
     params(("key" = String, Path, description = "Key id or prefix")),
-    responses((status = 200, body = KeyView), (status = 400, description = "`invalid_request`: a limit is out of its bounds or not a whole number (`param` names it), the body is not the JSON object documented, or `{key}` is not UTF-8 once percent-decoded.", body = crate::http::openapi::ErrorEnvelopeDoc), (status = 401, body = crate::http::openapi::ErrorEnvelopeDoc), (status = 404, body = crate::http::openapi::ErrorEnvelopeDoc), (status = 408, description = "`request_timeout`: the body did not arrive within `connections.body_read_timeout_ms` of its headers.", body = crate::http::openapi::ErrorEnvelopeDoc), (status = 413, description = "`request_too_large`: the body is over 2 MiB (or `max_body_bytes` if that is less). Carries `X-Should-Retry: false`.", body = crate::http::openapi::ErrorEnvelopeDoc)),
+    responses((status = 200, body = KeyView), (status = 400, description = "`invalid_request`: a limit is out of its bounds or not a whole number, or `expires_at` is not a time (`param` names the field), the body is not the JSON object documented, or `{key}` is not UTF-8 once percent-decoded.", body = crate::http::openapi::ErrorEnvelopeDoc), (status = 401, body = crate::http::openapi::ErrorEnvelopeDoc), (status = 404, body = crate::http::openapi::ErrorEnvelopeDoc), (status = 408, description = "`request_timeout`: the body did not arrive within `connections.body_read_timeout_ms` of its headers.", body = crate::http::openapi::ErrorEnvelopeDoc), (status = 413, description = "`request_too_large`: the body is over 2 MiB (or `max_body_bytes` if that is less). Carries `X-Should-Retry: false`.", body = crate::http::openapi::ErrorEnvelopeDoc)),
     security(("admin" = [])))]
 pub async fn set_limits(
     State(state): State<AppState>,
@@ -332,8 +466,16 @@ pub async fn set_limits(
         max_queued: change(patch.max_queued),
         share: change(patch.share),
     };
+    let expires_at = patch
+        .expires_at
+        .map(|at| at.as_ref().map(JsonExpiry::at).transpose())
+        .transpose()?;
     let keys = key_service(&state);
-    let record = keys.set_limits(&key, &limits).await.map_err(api_error)?;
+    // The limits are checked (and a bad one refused) before the expiry is written.
+    let mut record = keys.set_limits(&key, &limits).await.map_err(api_error)?;
+    if let Some(expires_at) = expires_at {
+        record = keys.set_expiry(&key, expires_at).await.map_err(api_error)?;
+    }
     apply_now(&state).await;
     Ok(Json(KeyView::new(&keys, &record)))
 }
@@ -350,7 +492,7 @@ pub async fn usage(
     // limiter (the key service reads only the ledger).
     let keys = key_service(&state);
     let record = keys.find(&key).await.map_err(api_error)?;
-    key_usage(&state, record.id, &record.prefix, &keys.limits(&record))
+    key_usage(&state, &record, &keys.limits(&record))
         .await
         .map(Json)
 }

@@ -8,6 +8,7 @@ use crate::admission::{KeyLimits, Month};
 use crate::error::ApiError;
 use crate::http::auth::Caller;
 use crate::state::AppState;
+use crate::store::{KeyRecord, now_unix};
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct KeyUsage {
@@ -40,6 +41,12 @@ pub struct KeyUsage {
     running: u32,
     /// Requests of this key waiting now.
     queued: u32,
+    /// Unix seconds from which the key is refused; null: it does not expire.
+    expires_at: Option<i64>,
+    /// While a rotation's grace lasts, Unix seconds from which the key's previous
+    /// secret (the one the rotation replaced) is refused; null when no previous secret
+    /// works.
+    previous_secret_expires_at: Option<i64>,
 }
 
 #[utoipa::path(
@@ -48,7 +55,7 @@ pub struct KeyUsage {
     tag = "usage",
     responses(
         (status = 200, description = "The calling key's budget, usage and limits for the current month.", body = KeyUsage),
-        (status = 401, description = "`invalid_api_key`.", body = crate::http::openapi::ErrorEnvelopeDoc),
+        (status = 401, description = "`invalid_api_key`: no such key, a revoked or expired one (the message says which, with the time it expired), or a rotated key's previous secret after its grace.", body = crate::http::openapi::ErrorEnvelopeDoc),
         (status = 503, description = "`admission_unavailable`: the live counters cannot be read; or `store_unavailable`: the key is not among the keys this server holds in memory and the store cannot be reached to look it up. Both carry `Retry-After`.", body = crate::http::openapi::ErrorEnvelopeDoc),
     ),
     security(("bearer" = []))
@@ -59,25 +66,22 @@ pub async fn own_usage(
 ) -> Result<axum::Json<KeyUsage>, ApiError> {
     let key = &caller.0;
     let limits = KeyLimits::resolve(&state.config().limits, &key.limits);
-    key_usage(&state, key.id, &key.prefix, &limits)
-        .await
-        .map(axum::Json)
+    key_usage(&state, key, &limits).await.map(axum::Json)
 }
 
 /// The live view of one key.
 pub async fn key_usage(
     state: &AppState,
-    key_id: i64,
-    key_prefix: &str,
+    key: &KeyRecord,
     limits: &KeyLimits,
 ) -> Result<KeyUsage, ApiError> {
     let month = Month::now();
     let limiter = state.limiter();
     let unavailable = |_| ApiError::AdmissionUnavailable;
-    let usage = limiter.usage(key_id, month).await.map_err(unavailable)?;
-    let (running, queued) = limiter.occupancy(key_id).await.map_err(unavailable)?;
+    let usage = limiter.usage(key.id, month).await.map_err(unavailable)?;
+    let (running, queued) = limiter.occupancy(key.id).await.map_err(unavailable)?;
     Ok(KeyUsage {
-        key_prefix: key_prefix.to_owned(),
+        key_prefix: key.prefix.clone(),
         month: month.to_string(),
         resets_at: month.next_start_unix(),
         monthly_budget: limits.monthly_budget,
@@ -93,5 +97,7 @@ pub async fn key_usage(
         share: limits.share,
         running,
         queued,
+        expires_at: key.expires_at,
+        previous_secret_expires_at: key.previous_secret_expires_at(now_unix()),
     })
 }

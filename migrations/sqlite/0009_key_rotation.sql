@@ -1,0 +1,27 @@
+-- Key rotation and expiry. Expand-only: columns are added, nothing is dropped or
+-- renamed, so a server of the previous version keeps working on this schema during a
+-- rollout (it ignores the new columns: it neither expires keys nor knows a previous
+-- secret). Same columns and meanings as the PostgreSQL schema; times are Unix seconds.
+--
+-- expires_at:          when the key stops working; NULL: never.
+-- previous_key_hash:   SHA-256 of the secret the last rotation replaced, which keeps
+--                      working until previous_expires_at (the grace period); NULL when
+--                      the rotation gave no grace (or the key was never rotated). Only
+--                      the newest previous secret is kept: rotating again replaces it.
+-- previous_expires_at: when the previous secret stops working.
+ALTER TABLE api_keys ADD COLUMN expires_at INTEGER;
+ALTER TABLE api_keys ADD COLUMN previous_key_hash BLOB
+    CHECK (previous_key_hash IS NULL OR length(previous_key_hash) = 32);
+ALTER TABLE api_keys ADD COLUMN previous_expires_at INTEGER;
+
+-- A change of these columns is a key change too, so that other servers see a rotation
+-- or a new expiry within a poll period. A trigger of its own rather than migration
+-- 0008's replaced (nothing is dropped): a rotation, which also sets key_hash, fires
+-- both triggers and takes two change numbers, which readers do not mind (they read
+-- every change numbered above the last they saw).
+CREATE TRIGGER api_keys_feed_update_rotation
+AFTER UPDATE OF expires_at, previous_key_hash, previous_expires_at ON api_keys
+BEGIN
+    UPDATE key_feed SET seq = seq + 1 WHERE id = 1;
+    UPDATE api_keys SET change_seq = (SELECT seq FROM key_feed WHERE id = 1) WHERE id = NEW.id;
+END;
