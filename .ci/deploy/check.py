@@ -801,7 +801,8 @@ MONITORING_KINDS = {"ServiceMonitor", "PrometheusRule"}
 
 def check_kustomize(default: Path, components: Path, bin_dir: Path) -> None:
     check_manifest_set("kubectl kustomize deploy/kubernetes", default, bin_dir, BASE_KINDS, plain=True)
-    check_manifest_set("deploy/kubernetes with its components", components, bin_dir, BASE_KINDS | MONITORING_KINDS, plain=True)
+    check_manifest_set("deploy/kubernetes with its components", components, bin_dir,
+                       BASE_KINDS | MONITORING_KINDS | {"Ingress"}, plain=True)
 
 
 HELM_CHART = DEPLOY / "helm/fleetgate"
