@@ -1379,20 +1379,8 @@ async fn three_replicas_ride_out_every_fault_with_exact_budgets() {
         &prefix,
         &[&upstream_a, &upstream_b],
     );
-    let metered = Api::new(create_key(&config, &["--rpm", "1000000"]));
-    let budget = CHAOS_BUDGET.to_string();
-    let budgeted = Api::new(create_key(
-        &config,
-        &["--rpm", "1000000", "--monthly-budget", &budget],
-    ));
-    let mut replicas = Vec::new();
-    let mut urls = Vec::new();
-    for i in 0..3 {
-        let (replica, url) = serve(&config, &format!("replica {i}"));
-        replicas.push(replica);
-        urls.push(Some(url));
-    }
-    let urls: Replicas = Arc::new(Mutex::new(urls));
+    let (metered, budgeted) = chaos_keys(&config);
+    let (mut replicas, urls) = serve_replicas(&config, 3);
     let stop = Arc::new(AtomicBool::new(false));
     let clients = spawn_chaos_clients(&metered, &budgeted, &urls, &stop);
 
@@ -1548,21 +1536,9 @@ async fn a_redis_failover_mid_load_serves_again_within_seconds_with_exact_budget
         &prefix,
         &[&upstream],
     );
-    let metered = Api::new(create_key(&config, &["--rpm", "1000000"]));
-    let budget = CHAOS_BUDGET.to_string();
-    let budgeted = Api::new(create_key(
-        &config,
-        &["--rpm", "1000000", "--monthly-budget", &budget],
-    ));
-    let mut replicas = Vec::new();
-    let mut urls = Vec::new();
-    for i in 0..2 {
-        let (replica, url) = serve(&config, &format!("replica {i}"));
-        replicas.push(replica);
-        urls.push(Some(url));
-    }
-    let url = urls[0].clone().unwrap();
-    let urls: Replicas = Arc::new(Mutex::new(urls));
+    let (metered, budgeted) = chaos_keys(&config);
+    let (replicas, urls) = serve_replicas(&config, 2);
+    let url = urls.lock().unwrap()[0].clone().unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let clients = spawn_chaos_clients(&metered, &budgeted, &urls, &stop);
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -1615,6 +1591,30 @@ async fn a_redis_failover_mid_load_serves_again_within_seconds_with_exact_budget
     .await;
     drop(node);
     drop(replicas);
+}
+
+/// The chaos tests' two keys: "metered", without a budget to speak of, and "budgeted",
+/// with [`CHAOS_BUDGET`].
+fn chaos_keys(config: &Path) -> (Api, Api) {
+    let metered = Api::new(create_key(config, &["--rpm", "1000000"]));
+    let budget = CHAOS_BUDGET.to_string();
+    let budgeted = Api::new(create_key(
+        config,
+        &["--rpm", "1000000", "--monthly-budget", &budget],
+    ));
+    (metered, budgeted)
+}
+
+/// `count` replicas serving `config`, and their URLs.
+fn serve_replicas(config: &Path, count: usize) -> (Vec<Proc>, Replicas) {
+    let mut replicas = Vec::new();
+    let mut urls = Vec::new();
+    for i in 0..count {
+        let (replica, url) = serve(config, &format!("replica {i}"));
+        replicas.push(replica);
+        urls.push(Some(url));
+    }
+    (replicas, Arc::new(Mutex::new(urls)))
 }
 
 /// Three clients on each replica of `urls`: two of `metered` back to back, one of
