@@ -321,6 +321,28 @@ async fn a_backup_taken_while_serving_restores_the_keys_and_usage() {
     assert!(String::from_utf8_lossy(&again.stderr).contains("--force"));
     let forced = run(&config, &["backup", "--force", copy.to_str().unwrap()], &[]);
     assert!(forced.status.success());
+    // Not over the store itself, even told to.
+    let onto_itself = run(
+        &config,
+        &["backup", "--force", database.to_str().unwrap()],
+        &[],
+    );
+    assert!(!onto_itself.status.success());
+    let said = String::from_utf8_lossy(&onto_itself.stderr);
+    assert!(said.contains("is the store itself"), "{said}");
+    assert_eq!(
+        std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter(|e| e
+                .as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".partial"))
+            .count(),
+        0,
+        "no partial copy left behind"
+    );
 
     // Restored: a server on the copy knows the key and its usage.
     let restored = write_config(dir.path(), "restored.toml", &sqlite(&copy), &upstream);

@@ -15,6 +15,6 @@ mod table;
 pub use self::check::{Refusal, check};
 pub use self::service::{
     DEFAULT_GRACE_SECS, IssuedKey, KeyError, KeyService, LimitsChange, MAX_EXPIRES_AT,
-    MAX_GRACE_SECS, MonthUsage, NewLimits,
+    MAX_GRACE_SECS, MonthUsage, NewLimits, check_expiry,
 };
 pub use self::table::{FOLLOW_EVERY, KeyTable, MISS_WAIT, PULL_TIMEOUT};

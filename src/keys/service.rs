@@ -288,7 +288,7 @@ fn not_found(id_or_prefix: &str) -> KeyError {
 }
 
 /// An expiry within the range every expiry may take.
-fn check_expiry(at: i64) -> Result<i64, KeyError> {
+pub fn check_expiry(at: i64) -> Result<i64, KeyError> {
     if (0..=MAX_EXPIRES_AT).contains(&at) {
         Ok(at)
     } else {

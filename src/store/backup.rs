@@ -51,6 +51,21 @@ pub async fn backup(database_url: &str, dest: &Path, overwrite: bool) -> anyhow:
     if dest.exists() && !overwrite {
         bail!("{} exists; pass --force to replace it", dest.display());
     }
+    // The store itself (or its write-ahead log) as the destination would be replaced
+    // under the gateway writing to it.
+    if let (Ok(source), Ok(target)) = (source_path.canonicalize(), dest.canonicalize()) {
+        let wal_or_shm = |suffix: &str| {
+            let mut name = source.clone().into_os_string();
+            name.push(suffix);
+            name == target.as_os_str()
+        };
+        if source == target || wal_or_shm("-wal") || wal_or_shm("-shm") {
+            bail!(
+                "{} is the store itself: back it up to another file",
+                dest.display()
+            );
+        }
+    }
     let partial = partial_path(dest)?;
     // A copy left by an interrupted run: VACUUM INTO writes only to a new file.
     if partial.exists() {
@@ -70,9 +85,24 @@ pub async fn backup(database_url: &str, dest: &Path, overwrite: bool) -> anyhow:
         std::fs::remove_file(&partial).ok();
         return Err(err).with_context(|| format!("copying into {}", partial.display()));
     }
-    std::fs::rename(&partial, dest)
-        .with_context(|| format!("moving {} to {}", partial.display(), dest.display()))?;
-    read_back(dest).await
+    // Checked before it takes the destination's place: a copy that fails the check
+    // never replaces an earlier backup.
+    let backup = match read_back(&partial).await {
+        Ok(backup) => backup,
+        Err(err) => {
+            std::fs::remove_file(&partial).ok();
+            return Err(err);
+        }
+    };
+    if let Err(err) = std::fs::rename(&partial, dest) {
+        std::fs::remove_file(&partial).ok();
+        return Err(err)
+            .with_context(|| format!("moving {} to {}", partial.display(), dest.display()));
+    }
+    Ok(Backup {
+        path: dest.to_owned(),
+        ..backup
+    })
 }
 
 /// `dest` with `.partial` added to its name, in its directory (which must exist).

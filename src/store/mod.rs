@@ -92,21 +92,34 @@ pub async fn connect(database_url: &str) -> Result<Arc<dyn Store>, StoreError> {
     })
 }
 
-/// `url` with the password of its user info, if any, replaced by `***`: fit for an
+/// `url` with its passwords replaced by `***`: the user info's (up to the URL's last
+/// `@`, since a password not percent-encoded may hold `/`, `?` or `#`) and the values of
+/// `password` and `sslpassword` query parameters, which sqlx reads too. Fit for an
 /// error message or a log.
 pub fn redacted(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((user_info, host)) => match user_info.split_once(':') {
-            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{path}"),
-            None => url.to_owned(),
+    let rest = match rest.rsplit_once('@') {
+        Some((user_info, after)) => match user_info.split_once(':') {
+            Some((user, _password)) => format!("{user}:***@{after}"),
+            None => rest.to_owned(),
         },
-        None => url.to_owned(),
-    }
+        None => rest.to_owned(),
+    };
+    let Some((before, query)) = rest.split_once('?') else {
+        return format!("{scheme}://{rest}");
+    };
+    let query: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name, _)) if ["password", "sslpassword"].contains(&name) => {
+                format!("{name}=***")
+            }
+            _ => pair.to_owned(),
+        })
+        .collect();
+    format!("{scheme}://{before}?{}", query.join("&"))
 }
 
 /// The scheme of a URL (RFC 3986: a letter, then letters, digits, `+`, `-`, `.`), if it
@@ -130,7 +143,15 @@ mod tests {
             "postgres://fleetgate:***@db:5432/fleetgate?sslmode=require"
         );
         assert_eq!(redacted("postgres://fg@db/x"), "postgres://fg@db/x");
-        assert_eq!(redacted("postgres://db/x@y"), "postgres://db/x@y");
+        assert_eq!(
+            redacted("postgres://fg:a/b?c#d@db/x"),
+            "postgres://fg:***@db/x",
+            "a password that is not percent-encoded"
+        );
+        assert_eq!(
+            redacted("postgres://fg@db/x?sslmode=require&password=s3cr3t&sslpassword=k"),
+            "postgres://fg@db/x?sslmode=require&password=***&sslpassword=***"
+        );
         assert_eq!(
             redacted("sqlite://data/fleetgate.db"),
             "sqlite://data/fleetgate.db"

@@ -347,7 +347,7 @@ async fn a_bad_expiry_is_400_naming_expires_at() {
             (
                 reqwest::Method::PATCH,
                 limits.as_str(),
-                json!({"expires_at": bad}),
+                json!({"max_queued": 5, "expires_at": bad}),
             ),
         ] {
             let response = call(&gw, method, path, Some(body)).await;
@@ -357,4 +357,17 @@ async fn a_bad_expiry_is_400_naming_expires_at() {
     }
     let usage = usage_or_refusal(&gw, &gw.key).await.unwrap();
     assert_eq!(usage["expires_at"], Value::Null, "nothing changed");
+    let view = call(
+        &gw,
+        reqwest::Method::GET,
+        &format!("/admin/keys/{prefix}"),
+        None,
+    )
+    .await;
+    let view: Value = view.json().await.unwrap();
+    assert_eq!(
+        view["overrides"]["max_queued"],
+        Value::Null,
+        "nor the limits beside the bad expiry: {view}"
+    );
 }

@@ -470,8 +470,12 @@ pub async fn set_limits(
         .expires_at
         .map(|at| at.as_ref().map(JsonExpiry::at).transpose())
         .transpose()?;
+    // The expiry's range checked before anything is written, so a bad one changes
+    // nothing; the limits are checked (and a bad one refused) before the expiry is.
+    if let Some(Some(at)) = expires_at {
+        crate::keys::check_expiry(at).map_err(api_error)?;
+    }
     let keys = key_service(&state);
-    // The limits are checked (and a bad one refused) before the expiry is written.
     let mut record = keys.set_limits(&key, &limits).await.map_err(api_error)?;
     if let Some(expires_at) = expires_at {
         record = keys.set_expiry(&key, expires_at).await.map_err(api_error)?;
